@@ -1,0 +1,1 @@
+"""Everything that moves data and time: graph data, the engine, transports, Beam pipelines, the CLI."""
