@@ -1,0 +1,372 @@
+#!/usr/bin/env bash
+# A real, single-node Apache Kafka broker (KRaft, combined broker+controller) for tests and demos.
+#
+#   infra/local/kafka.sh fetch                      # jars from Maven Central into the cache (no-op when cached)
+#   infra/local/kafka.sh start [--port N]           # format + start on 127.0.0.1, print 127.0.0.1:PORT when ready
+#   infra/local/kafka.sh stop [--keep-data]         # SIGTERM, wait, SIGKILL; removes the data dir unless --keep-data
+#   infra/local/kafka.sh restart                    # stop --keep-data, then start on the same ports (data kept)
+#   infra/local/kafka.sh status                     # "running 127.0.0.1:PORT (pid N)" / "stopped"; exit 0 / 3
+#
+# Common options (any subcommand):
+#   --state-dir DIR     where server.properties, data/, kafka.log, kafka.pid, bootstrap live
+#                       (default $DORYLUS_KAFKA_STATE or <repo>/.cache/kafka-state)
+#   --cache-dir DIR     jar cache (default $DORYLUS_CACHE/kafka or <repo>/.cache/kafka)
+#   --version V         Kafka version (default $DORYLUS_KAFKA_VERSION or 4.1.2)
+# start options:
+#   --port N            client port (default: the port of the previous run in this state dir if free, else a free one)
+#   --controller-port N KRaft controller port (default: likewise)
+#   --max-message-bytes N   message.max.bytes (default 67108864 = 64 MiB)
+#   --timeout S         seconds to wait until the broker answers a metadata request (default 120)
+#   --owner-pid PID     stop the broker when process PID exits (guards against leaked brokers)
+#   --heap SIZE         JVM max heap (default 1g)
+# stop options:
+#   --timeout S         seconds to wait after SIGTERM before SIGKILL (default 30)
+#   --keep-data         keep the data dir (committed data survives the next start)
+set -euo pipefail
+
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+REPO="$(cd "$HERE/../.." && pwd)"
+PYTHON="${PYTHON:-python3}"
+
+KAFKA_VERSION="${DORYLUS_KAFKA_VERSION:-4.1.2}"
+LOG4J_VERSION="2.24.3"
+DEP_PLUGIN_VERSION="3.8.1"
+if [[ -n "${DORYLUS_CACHE:-}" ]]; then CACHE_DIR="$DORYLUS_CACHE/kafka"; else CACHE_DIR="$REPO/.cache/kafka"; fi
+STATE_DIR="${DORYLUS_KAFKA_STATE:-$REPO/.cache/kafka-state}"
+PORT=""
+CPORT=""
+MAX_MESSAGE_BYTES=67108864
+TIMEOUT=""
+OWNER_PID=""
+HEAP="1g"
+KEEP_DATA=0
+
+die() { echo "kafka.sh: $*" >&2; exit 1; }
+log() { echo "kafka.sh: $*" >&2; }
+
+cmd="${1:-}"
+[[ -n "$cmd" ]] || die "usage: kafka.sh fetch|start|stop|restart|status [options] (see the header of $0)"
+shift
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --port) PORT="$2"; shift 2 ;;
+    --controller-port) CPORT="$2"; shift 2 ;;
+    --state-dir) STATE_DIR="$2"; shift 2 ;;
+    --cache-dir) CACHE_DIR="$2"; shift 2 ;;
+    --version) KAFKA_VERSION="$2"; shift 2 ;;
+    --max-message-bytes) MAX_MESSAGE_BYTES="$2"; shift 2 ;;
+    --timeout) TIMEOUT="$2"; shift 2 ;;
+    --owner-pid) OWNER_PID="$2"; shift 2 ;;
+    --heap) HEAP="$2"; shift 2 ;;
+    --keep-data) KEEP_DATA=1; shift ;;
+    -h|--help) sed -n '2,26p' "$0"; exit 0 ;;
+    *) die "unknown option: $1" ;;
+  esac
+done
+
+mkdir -p "$STATE_DIR"
+STATE_DIR="$(cd "$STATE_DIR" && pwd)"
+VDIR="$CACHE_DIR/$KAFKA_VERSION"
+JARS="$VDIR/jars"
+PID_FILE="$STATE_DIR/kafka.pid"
+LOG_FILE="$STATE_DIR/kafka.log"
+PROPS="$STATE_DIR/server.properties"
+DATA_DIR="$STATE_DIR/data"
+BOOT_FILE="$STATE_DIR/bootstrap"
+PORTS_FILE="$STATE_DIR/ports"
+WATCH_PID_FILE="$STATE_DIR/watchdog.pid"
+
+# ----------------------------------------------------------------------------------------------------------- fetch
+do_fetch() {
+  if [[ -f "$JARS/.complete" ]]; then return 0; fi
+  command -v mvn >/dev/null || die "mvn not found (needed once to fetch the Kafka jars)"
+  mkdir -p "$VDIR"
+  # one fetch at a time per version (tests of several engineers may start together)
+  exec 9>"$VDIR/.fetch.lock"
+  flock 9
+  if [[ -f "$JARS/.complete" ]]; then flock -u 9; return 0; fi
+  log "fetching Apache Kafka $KAFKA_VERSION jars from Maven Central into $JARS"
+  cat >"$VDIR/pom.xml" <<EOF
+<?xml version="1.0" encoding="UTF-8"?>
+<project xmlns="http://maven.apache.org/POM/4.0.0">
+  <modelVersion>4.0.0</modelVersion>
+  <groupId>dorylus.local</groupId>
+  <artifactId>kafka-broker-jars</artifactId>
+  <version>1</version>
+  <packaging>pom</packaging>
+  <dependencies>
+    <dependency><groupId>org.apache.kafka</groupId><artifactId>kafka_2.13</artifactId><version>$KAFKA_VERSION</version></dependency>
+    <dependency><groupId>org.apache.kafka</groupId><artifactId>kafka-server</artifactId><version>$KAFKA_VERSION</version></dependency>
+    <dependency><groupId>org.apache.kafka</groupId><artifactId>kafka-metadata</artifactId><version>$KAFKA_VERSION</version></dependency>
+    <dependency><groupId>org.apache.kafka</groupId><artifactId>kafka-raft</artifactId><version>$KAFKA_VERSION</version></dependency>
+    <dependency><groupId>org.apache.kafka</groupId><artifactId>kafka-storage</artifactId><version>$KAFKA_VERSION</version></dependency>
+    <!-- logging: slf4j 1.7 -> log4j2, configured by infra/local/log4j2.properties -->
+    <dependency><groupId>org.apache.logging.log4j</groupId><artifactId>log4j-slf4j-impl</artifactId><version>$LOG4J_VERSION</version></dependency>
+    <dependency><groupId>org.apache.logging.log4j</groupId><artifactId>log4j-core</artifactId><version>$LOG4J_VERSION</version></dependency>
+    <dependency><groupId>org.apache.logging.log4j</groupId><artifactId>log4j-api</artifactId><version>$LOG4J_VERSION</version></dependency>
+  </dependencies>
+  <build>
+    <plugins>
+      <plugin>
+        <groupId>org.apache.maven.plugins</groupId>
+        <artifactId>maven-dependency-plugin</artifactId>
+        <version>$DEP_PLUGIN_VERSION</version>
+      </plugin>
+    </plugins>
+  </build>
+</project>
+EOF
+  rm -rf "$JARS.tmp"
+  if ! mvn -q -B -f "$VDIR/pom.xml" dependency:copy-dependencies \
+        -DoutputDirectory="$JARS.tmp" -DincludeScope=runtime -DexcludeArtifactIds=slf4j-reload4j,reload4j,log4j \
+        >"$VDIR/mvn.log" 2>&1; then
+    tail -n 40 "$VDIR/mvn.log" >&2
+    flock -u 9
+    die "mvn dependency:copy-dependencies failed (full log: $VDIR/mvn.log)"
+  fi
+  ls "$JARS.tmp"/kafka_2.13-"$KAFKA_VERSION".jar >/dev/null 2>&1 || { flock -u 9; die "kafka_2.13 jar missing after fetch"; }
+  rm -rf "$JARS"
+  mv "$JARS.tmp" "$JARS"
+  date -u +%FT%TZ >"$JARS/.complete"
+  log "fetched $(ls "$JARS"/*.jar | wc -l) jars ($(du -sh "$JARS" | cut -f1))"
+  flock -u 9
+}
+
+# --------------------------------------------------------------------------------------------------------- helpers
+running_pid() {
+  # prints the broker pid when it runs, else nothing
+  [[ -f "$PID_FILE" ]] || return 0
+  local pid
+  pid="$(cat "$PID_FILE" 2>/dev/null || true)"
+  [[ -n "$pid" ]] || return 0
+  if kill -0 "$pid" 2>/dev/null && grep -q 'kafka.Kafka' "/proc/$pid/cmdline" 2>/dev/null; then echo "$pid"; fi
+}
+
+free_port() {
+  "$PYTHON" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1]); s.close()'
+}
+
+port_free() {
+  "$PYTHON" - "$1" <<'EOF'
+import socket, sys
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+try:
+    s.bind(("127.0.0.1", int(sys.argv[1])))
+except OSError:
+    sys.exit(1)
+finally:
+    s.close()
+EOF
+}
+
+java_cmd() {
+  # java with the cached jars on the class path and the quiet log4j2 config
+  java -Xms128m -Xmx"$HEAP" -XX:+UseG1GC -XX:MaxGCPauseMillis=20 -XX:+ExitOnOutOfMemoryError \
+    -Djava.awt.headless=true -Dkafka.logs.dir="$STATE_DIR" \
+    -Dlog4j2.configurationFile="$HERE/log4j2.properties" -Dlog4j.configurationFile="$HERE/log4j2.properties" \
+    -cp "$JARS/*" "$@"
+}
+
+wait_ready() {
+  # a kafka-python metadata call must succeed (bounded by a timeout); fails fast when the JVM dies
+  local pid="$1" timeout="$2"
+  "$PYTHON" - "127.0.0.1:$PORT" "$pid" "$timeout" <<'EOF'
+import os, socket, sys, time
+boot, pid, timeout = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+deadline = time.monotonic() + timeout
+host, port = boot.rsplit(":", 1)
+
+def alive():
+    try:
+        os.kill(pid, 0)
+        return True
+    except OSError:
+        return False
+
+try:
+    from kafka import KafkaAdminClient
+except ImportError:  # kafka-python absent: fall back to "the port accepts connections"
+    KafkaAdminClient = None
+last = None
+while time.monotonic() < deadline:
+    if not alive():
+        print(f"broker process {pid} exited during startup", file=sys.stderr)
+        sys.exit(2)
+    try:
+        with socket.create_connection((host, int(port)), timeout=1):
+            pass
+        if KafkaAdminClient is None:
+            sys.exit(0)
+        admin = KafkaAdminClient(bootstrap_servers=boot, request_timeout_ms=5000, client_id="dorylus-readiness")
+        try:
+            info = admin.describe_cluster()
+            if info.get("brokers"):
+                admin.list_topics()
+                sys.exit(0)
+        finally:
+            admin.close()
+    except Exception as e:  # noqa: BLE001 - not ready yet
+        last = e
+    time.sleep(0.25)
+print(f"broker not ready after {timeout}s: {last!r}", file=sys.stderr)
+sys.exit(1)
+EOF
+}
+
+write_props() {
+  cat >"$PROPS" <<EOF
+# generated by infra/local/kafka.sh
+process.roles=broker,controller
+node.id=1
+controller.quorum.voters=1@127.0.0.1:$CPORT
+listeners=PLAINTEXT://127.0.0.1:$PORT,CONTROLLER://127.0.0.1:$CPORT
+advertised.listeners=PLAINTEXT://127.0.0.1:$PORT
+controller.listener.names=CONTROLLER
+inter.broker.listener.name=PLAINTEXT
+listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT
+log.dirs=$DATA_DIR
+num.partitions=1
+default.replication.factor=1
+auto.create.topics.enable=false
+delete.topic.enable=true
+offsets.topic.replication.factor=1
+offsets.topic.num.partitions=8
+transaction.state.log.replication.factor=1
+transaction.state.log.min.isr=1
+transaction.state.log.num.partitions=4
+share.coordinator.state.topic.replication.factor=1
+share.coordinator.state.topic.min.isr=1
+group.initial.rebalance.delay.ms=0
+# big Arrow batches (one message per interval): 64 MiB by default
+message.max.bytes=$MAX_MESSAGE_BYTES
+replica.fetch.max.bytes=$MAX_MESSAGE_BYTES
+fetch.max.bytes=$(( MAX_MESSAGE_BYTES * 2 ))
+socket.request.max.bytes=$(( MAX_MESSAGE_BYTES * 2 + 1048576 ))
+# small machine: few threads
+num.network.threads=2
+num.io.threads=4
+background.threads=2
+num.recovery.threads.per.data.dir=1
+log.cleaner.threads=1
+log.retention.hours=24
+EOF
+}
+
+# ----------------------------------------------------------------------------------------------------------- start
+do_start() {
+  local pid
+  pid="$(running_pid)"
+  if [[ -n "$pid" ]]; then
+    cat "$BOOT_FILE"
+    return 0
+  fi
+  do_fetch
+  command -v java >/dev/null || die "java not found (Java 17+ needed)"
+  # ports: explicit > previous run in this state dir (if free) > a free one
+  local prev_port="" prev_cport=""
+  if [[ -f "$PORTS_FILE" ]]; then read -r prev_port prev_cport <"$PORTS_FILE" || true; fi
+  if [[ -z "$PORT" ]]; then
+    if [[ -n "$prev_port" ]] && port_free "$prev_port"; then PORT="$prev_port"; else PORT="$(free_port)"; fi
+  fi
+  if [[ -z "$CPORT" ]]; then
+    if [[ -n "$prev_cport" && "$prev_cport" != "$PORT" ]] && port_free "$prev_cport"; then CPORT="$prev_cport"
+    else
+      CPORT="$(free_port)"
+      while [[ "$CPORT" == "$PORT" ]]; do CPORT="$(free_port)"; done
+    fi
+  fi
+  port_free "$PORT" || die "port $PORT is in use"
+  echo "$PORT $CPORT" >"$PORTS_FILE"
+  write_props
+  rm -f "$BOOT_FILE"
+
+  # format KRaft storage once per data dir (a kept data dir is reused: committed data survives a restart)
+  if [[ ! -f "$DATA_DIR/meta.properties" ]]; then
+    rm -rf "$DATA_DIR"
+    local cluster_id
+    cluster_id="$("$PYTHON" -c 'import base64, uuid; print(base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("="))')"
+    if ! java_cmd kafka.tools.StorageTool format -t "$cluster_id" -c "$PROPS" --ignore-formatted >>"$LOG_FILE" 2>&1; then
+      tail -n 30 "$LOG_FILE" >&2
+      die "kafka-storage format failed (log: $LOG_FILE)"
+    fi
+  fi
+
+  echo "=== start $(date -u +%FT%TZ) port=$PORT controller=$CPORT" >>"$LOG_FILE"
+  setsid nohup bash -c 'exec "$@"' _ java -Xms128m -Xmx"$HEAP" -XX:+UseG1GC -XX:MaxGCPauseMillis=20 \
+    -XX:+ExitOnOutOfMemoryError -Djava.awt.headless=true -Dkafka.logs.dir="$STATE_DIR" \
+    -Dlog4j2.configurationFile="$HERE/log4j2.properties" \
+    -cp "$JARS/*" kafka.Kafka "$PROPS" >>"$LOG_FILE" 2>&1 </dev/null &
+  pid=$!
+  echo "$pid" >"$PID_FILE"
+
+  if [[ -n "$OWNER_PID" ]]; then
+    # watchdog: when the owner goes away without calling stop, stop the broker (SIGTERM, then SIGKILL)
+    setsid nohup bash -c '
+      owner=$1; pid=$2
+      while kill -0 "$owner" 2>/dev/null && kill -0 "$pid" 2>/dev/null; do sleep 2; done
+      if kill -0 "$pid" 2>/dev/null; then
+        kill -TERM "$pid" 2>/dev/null
+        for _ in $(seq 1 60); do kill -0 "$pid" 2>/dev/null || exit 0; sleep 0.5; done
+        kill -KILL "$pid" 2>/dev/null
+      fi' _ "$OWNER_PID" "$pid" >/dev/null 2>&1 </dev/null &
+    echo $! >"$WATCH_PID_FILE"
+  fi
+
+  if ! wait_ready "$pid" "${TIMEOUT:-120}"; then
+    log "broker did not become ready; last log lines:"
+    tail -n 40 "$LOG_FILE" >&2
+    kill -KILL "$pid" 2>/dev/null || true
+    rm -f "$PID_FILE"
+    exit 1
+  fi
+  echo "127.0.0.1:$PORT" >"$BOOT_FILE"
+  echo "127.0.0.1:$PORT"
+}
+
+# ------------------------------------------------------------------------------------------------------------ stop
+do_stop() {
+  local pid timeout="${TIMEOUT:-30}"
+  pid="$(running_pid)"
+  if [[ -f "$WATCH_PID_FILE" ]]; then
+    local w
+    w="$(cat "$WATCH_PID_FILE" 2>/dev/null || true)"
+    if [[ -n "$w" ]] && kill -0 "$w" 2>/dev/null; then kill -TERM "$w" 2>/dev/null || true; fi
+    rm -f "$WATCH_PID_FILE"
+  fi
+  if [[ -n "$pid" ]]; then
+    kill -TERM "$pid" 2>/dev/null || true
+    local deadline=$(( $(date +%s) + timeout ))
+    while kill -0 "$pid" 2>/dev/null && [[ $(date +%s) -lt $deadline ]]; do sleep 0.2; done
+    if kill -0 "$pid" 2>/dev/null; then
+      log "broker $pid still alive after ${timeout}s; SIGKILL"
+      kill -KILL "$pid" 2>/dev/null || true
+      while kill -0 "$pid" 2>/dev/null; do sleep 0.1; done
+    fi
+    echo "=== stopped $(date -u +%FT%TZ)" >>"$LOG_FILE"
+    echo "stopped (pid $pid)"
+  else
+    echo "not running"
+  fi
+  rm -f "$PID_FILE" "$BOOT_FILE"
+  if [[ "$KEEP_DATA" != 1 ]]; then rm -rf "$DATA_DIR"; fi
+}
+
+do_status() {
+  local pid
+  pid="$(running_pid)"
+  if [[ -n "$pid" ]]; then
+    echo "running $(cat "$BOOT_FILE" 2>/dev/null || echo starting) (pid $pid)"
+    return 0
+  fi
+  echo "stopped"
+  return 3
+}
+
+case "$cmd" in
+  fetch) do_fetch; echo "$JARS" ;;
+  start) do_start ;;
+  stop) do_stop ;;
+  restart) KEEP_DATA=1 do_stop >/dev/null; do_start ;;
+  status) do_status ;;
+  *) die "unknown subcommand: $cmd (fetch|start|stop|restart|status)" ;;
+esac

@@ -1,0 +1,205 @@
+"""A real Kafka broker for the tests that need one.
+
+Use in a test module::
+
+    from tests.kafka_fixtures import kafka_bootstrap, restart_broker  # noqa: F401  (pytest fixture)
+
+    pytestmark = pytest.mark.kafka
+
+    def test_something(kafka_bootstrap):
+        producer = KafkaProducer(bootstrap_servers=kafka_bootstrap)
+
+``kafka_bootstrap`` (session scope) is ``$DORYLUS_KAFKA_BOOTSTRAP`` when that is set (an external broker the
+tests do not own), else the bootstrap of a single-node Apache Kafka broker that ``infra/local/kafka.sh`` starts
+for this test session (in a private state dir, on a free port) and stops at the end of the session.
+
+Fault tests stop and start that broker mid-test with ``restart_broker()`` (data dir and port kept), or with
+``stop_broker()`` / ``start_broker()`` to observe the outage in between. Against an external broker these
+helpers skip the test. Where Java is missing, or the jars are not cached and mvn is missing, tests that use
+the fixture skip (set ``DORYLUS_KAFKA_REQUIRED=1`` to make that an error instead).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+KAFKA_SH = REPO / "infra" / "local" / "kafka.sh"
+
+__all__ = [
+    "KAFKA_SH",
+    "LocalKafka",
+    "kafka_bootstrap",
+    "local_broker",
+    "restart_broker",
+    "start_broker",
+    "stop_broker",
+]
+
+
+class KafkaUnavailable(RuntimeError):
+    """Kafka cannot be started on this machine (no Java, or no jars and no mvn)."""
+
+
+class LocalKafka:
+    """One broker started by ``infra/local/kafka.sh`` in its own state dir."""
+
+    def __init__(self, state_dir: str | os.PathLike | None = None, port: int | None = None,
+                 start_timeout_s: float = 180.0):
+        self._own_state_dir = state_dir is None
+        self.state_dir = Path(state_dir or tempfile.mkdtemp(prefix="dorylus-kafka-"))
+        self.port = port
+        self.start_timeout_s = start_timeout_s
+        self.bootstrap: str | None = None
+        self.startup_s: float | None = None  # wall time of the last start (fetch included when it fetched)
+
+    def _run(self, *args: str, timeout: float) -> str:
+        cmd = ["bash", str(KAFKA_SH), *args, "--state-dir", str(self.state_dir)]
+        env = dict(os.environ)
+        env.setdefault("PYTHON", sys.executable)
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+        if proc.returncode != 0:
+            log = self.state_dir / "kafka.log"
+            tail = log.read_text(errors="replace")[-4000:] if log.exists() else ""
+            raise RuntimeError(
+                f"{' '.join(cmd)} failed (rc={proc.returncode}):\n{proc.stderr}\n--- kafka.log tail ---\n{tail}")
+        return proc.stdout
+
+    def start(self) -> str:
+        """Start (formatting storage on first start), wait until ready; returns ``127.0.0.1:PORT``."""
+        if shutil.which("java") is None:
+            raise KafkaUnavailable("java not found on PATH")
+        args = ["start", "--owner-pid", str(os.getpid()), "--timeout", str(int(self.start_timeout_s))]
+        if self.port:
+            args += ["--port", str(self.port)]
+        t0 = time.monotonic()
+        out = self._run(*args, timeout=self.start_timeout_s + 300)
+        self.startup_s = time.monotonic() - t0
+        self.bootstrap = out.strip().splitlines()[-1]
+        self.port = int(self.bootstrap.rsplit(":", 1)[1])
+        return self.bootstrap
+
+    def stop(self, keep_data: bool = False, timeout_s: float = 30.0) -> None:
+        """SIGTERM, wait up to ``timeout_s``, then SIGKILL. Removes the data dir unless ``keep_data``."""
+        args = ["stop", "--timeout", str(int(timeout_s))]
+        if keep_data:
+            args.append("--keep-data")
+        self._run(*args, timeout=timeout_s + 60)
+
+    def restart(self) -> str:
+        """Stop cleanly and start again on the same port with the same data dir."""
+        self.stop(keep_data=True)
+        return self.start()
+
+    @property
+    def running(self) -> bool:
+        cmd = ["bash", str(KAFKA_SH), "status", "--state-dir", str(self.state_dir)]
+        return subprocess.run(cmd, capture_output=True, timeout=30).returncode == 0
+
+    def close(self) -> None:
+        """Stop and remove the state dir when this object created it."""
+        try:
+            self.stop()
+        finally:
+            if self._own_state_dir:
+                shutil.rmtree(self.state_dir, ignore_errors=True)
+
+
+def _check_can_start() -> None:
+    if shutil.which("java") is None:
+        raise KafkaUnavailable("java not found on PATH")
+    cache = Path(os.environ["DORYLUS_CACHE"]) / "kafka" if os.environ.get("DORYLUS_CACHE") else REPO / ".cache" / "kafka"
+    version = os.environ.get("DORYLUS_KAFKA_VERSION", "4.1.2")
+    if not (cache / version / "jars" / ".complete").exists() and shutil.which("mvn") is None:
+        raise KafkaUnavailable(f"Kafka jars not cached in {cache / version} and mvn not found to fetch them")
+
+
+# ------------------------------------------------------------------------------------------ session singleton
+# One broker per test process, shared by every module that imports the fixture (pytest makes one fixture
+# definition per importing module, so the broker itself is reference-counted here).
+_lock = threading.Lock()
+_broker: LocalKafka | None = None
+_refs = 0
+
+
+def local_broker() -> LocalKafka | None:
+    """The broker this test process started, or None (external broker / none started yet)."""
+    return _broker
+
+
+def _acquire() -> str:
+    global _broker, _refs
+    with _lock:
+        if _broker is None:
+            _check_can_start()
+            broker = LocalKafka()
+            try:
+                broker.start()
+            except BaseException:
+                broker.close()
+                raise
+            print(f"\n[kafka_fixtures] started Kafka at {broker.bootstrap} in {broker.startup_s:.1f}s "
+                  f"(state {broker.state_dir})", file=sys.stderr)
+            _broker = broker
+        _refs += 1
+        return _broker.bootstrap  # type: ignore[return-value]
+
+
+def _release() -> None:
+    global _broker, _refs
+    with _lock:
+        _refs -= 1
+        if _refs <= 0 and _broker is not None:
+            broker, _broker, _refs = _broker, None, 0
+            broker.close()
+
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap() -> str:
+    """Bootstrap servers (``host:port``) of a Kafka broker for this test session."""
+    external = os.environ.get("DORYLUS_KAFKA_BOOTSTRAP")
+    if external:
+        yield external
+        return
+    try:
+        bootstrap = _acquire()
+    except KafkaUnavailable as e:
+        if os.environ.get("DORYLUS_KAFKA_REQUIRED") == "1":
+            raise
+        pytest.skip(f"no Kafka broker: {e}")
+    try:
+        yield bootstrap
+    finally:
+        _release()
+
+
+def _managed() -> LocalKafka:
+    if os.environ.get("DORYLUS_KAFKA_BOOTSTRAP"):
+        pytest.skip("broker is external (DORYLUS_KAFKA_BOOTSTRAP); cannot stop/restart it")
+    if _broker is None:
+        raise RuntimeError("no local broker: request the kafka_bootstrap fixture first")
+    return _broker
+
+
+def restart_broker() -> str:
+    """Stop the session broker cleanly and start it again: same port, same data. Returns the bootstrap."""
+    return _managed().restart()
+
+
+def stop_broker(timeout_s: float = 30.0) -> None:
+    """Stop the session broker, keeping its data and port, until ``start_broker()``."""
+    _managed().stop(keep_data=True, timeout_s=timeout_s)
+
+
+def start_broker() -> str:
+    """Start the session broker again after ``stop_broker()`` (same port, same data)."""
+    return _managed().start()
