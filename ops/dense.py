@@ -1,0 +1,99 @@
+"""AV and AE: the dense, row-local and edge-local tensor tasks, plus counter-based dropout and the loss."""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+ACTIVATIONS = {
+    None: lambda x: x,
+    "relu": jax.nn.relu,
+    "elu": jax.nn.elu,
+}
+
+
+def _mix(h):
+    """A 32-bit integer finalizer (murmur3 fmix32): a cheap, well-mixed hash for counter-based random bits."""
+    h = h ^ (h >> 16)
+    h = h * jnp.uint32(0x85EBCA6B)
+    h = h ^ (h >> 13)
+    h = h * jnp.uint32(0xC2B2AE35)
+    return h ^ (h >> 16)
+
+
+def random_bits(seed: jax.Array, rows: jax.Array, cols: jax.Array) -> jax.Array:
+    """Uniform [0, 1) floats that depend only on (seed, row id, column id).
+
+    Counter-based on global ids, so a vertex draws the same dropout mask whichever partition and interval
+    holds it: the pipelined engine reproduces the single-machine trainer exactly.
+    """
+    s = jnp.asarray(seed, jnp.uint32)
+    h = _mix(_mix(s ^ rows.astype(jnp.uint32)[..., :, None] * jnp.uint32(0x9E3779B1)) ^ cols.astype(jnp.uint32))
+    return (h >> 8).astype(jnp.float32) * (1.0 / (1 << 24))
+
+
+def dropout(x: jax.Array, rate: float, seed, row_gids: jax.Array) -> jax.Array:
+    """Inverted dropout on rows of x [R, D...], masks keyed by (seed, global row id, flat column)."""
+    if rate <= 0.0 or seed is None:
+        return x
+    flat = x.reshape(x.shape[0], -1)
+    keep = random_bits(seed, row_gids, jnp.arange(flat.shape[1], dtype=jnp.uint32)) >= rate
+    return jnp.where(keep, flat / (1.0 - rate), 0.0).reshape(x.shape)
+
+
+def apply_vertex(params: dict, x: jax.Array, *, act_in=None, act_out=None, rate: float = 0.0, seed=None,
+                 row_gids=None, heads: int = 0) -> dict:
+    """AV: y = act_out(dropout(act_in(x + b_in)) · W + b_out), Dorylus's ApplyVertex σ(AH · W).
+
+    `b_in`/`act_in` finish the previous layer when it aggregated after its transform (Â(HW) + b, then σ).
+    With heads > 0 (GAT) also returns the per-head attention scores s_src = z·a_src and s_dst = z·a_dst
+    (Veličković et al., ICLR 2018, eq. 3 split into its source and destination halves).
+    """
+    if "b_in" in params:
+        x = x + params["b_in"]
+    x = ACTIVATIONS[act_in](x)
+    x = dropout(x, rate, seed, row_gids)
+    z = x @ params["w"]
+    if "b_out" in params:
+        z = z + params["b_out"]
+    z = ACTIVATIONS[act_out](z)
+    if heads:
+        z = z.reshape(z.shape[0], heads, -1)
+        return {"z": z, "s_src": jnp.sum(z * params["a_src"], -1), "s_dst": jnp.sum(z * params["a_dst"], -1)}
+    return {"z": z}
+
+
+def apply_edge(s_src: jax.Array, s_dst: jax.Array, adj, *, negative_slope: float = 0.2, rate: float = 0.0,
+               seed=None) -> jax.Array:
+    """AE: GAT attention α[e, h] = softmax over row r's entries of LeakyReLU(s_dst[r] + s_src[col(e)]).
+
+    s_src: [C, H] scores of the block's columns (owned and ghost vertices); s_dst: [R, H] of its rows.
+    Padding entries (stored value 0) get α = 0. Dropout on α as in the GAT paper.
+    """
+    from ops.sparse import segment_softmax
+
+    logits = jax.nn.leaky_relu(s_dst[adj.row_ids] + s_src[adj.indices], negative_slope)
+    valid = (adj.data != 0)[:, None]
+    logits = jnp.where(valid, logits, -jnp.inf)
+    alpha = segment_softmax(logits, adj.row_ids, adj.shape[0])
+    alpha = jnp.where(valid, alpha, 0.0)
+    if rate > 0.0 and seed is not None:
+        # Key each edge by its (destination, source) global ids so every partitioning draws the same mask.
+        edge_key = adj.row_gids[adj.row_ids].astype(jnp.uint32) * jnp.uint32(0x27D4EB2F) ^ adj.col_gids[
+            adj.indices].astype(jnp.uint32)
+        keep = random_bits(seed, edge_key, jnp.arange(alpha.shape[1], dtype=jnp.uint32)) >= rate
+        alpha = jnp.where(keep, alpha / (1.0 - rate), 0.0)
+    return alpha
+
+
+def softmax_cross_entropy(logits: jax.Array, labels: jax.Array, mask: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Sum of masked softmax cross-entropy and the number of masked rows (divide after summing over intervals)."""
+    logp = jax.nn.log_softmax(logits)
+    safe = jnp.maximum(labels, 0)
+    nll = -jnp.take_along_axis(logp, safe[:, None], axis=1)[:, 0]
+    m = mask.astype(logits.dtype)
+    return jnp.sum(nll * m), jnp.sum(m)
+
+
+def correct_count(logits: jax.Array, labels: jax.Array, mask: jax.Array) -> jax.Array:
+    """Number of masked rows whose argmax equals the label."""
+    return jnp.sum((jnp.argmax(logits, -1) == labels) & mask)

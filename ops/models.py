@@ -1,0 +1,210 @@
+"""GCN and GAT as lists of stages (GA, AV, AE, LOSS) that a trainer composes whole or an engine runs per interval."""
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from ops import dense, sparse
+
+
+@dataclasses.dataclass(frozen=True)
+class Stage:
+    """One task kind of one layer, in execution order.
+
+    kind: "AV" (tensor worker, row-local), "AE" (tensor worker, edge-local over a block's rows),
+      "GA" (graph server, needs ghost columns), "LOSS" (tensor worker, row-local; fused with a directly
+      preceding AV into Dorylus's fused last-layer task).
+    reads_cols: vertex tensors this stage reads at column positions, i.e. the ones that need ghosts (SC).
+    """
+
+    kind: str
+    layer: int
+    index: int
+    name: str
+    in_dim: int = 0
+    out_dim: int = 0
+    heads: int = 0
+    act_in: str | None = None
+    act_out: str | None = None
+    b_in: bool = False
+    b_out: bool = False
+    rate: float = 0.0
+    weighted: bool = False
+    concat_heads: bool = False
+    negative_slope: float = 0.2
+
+    @property
+    def reads_cols(self) -> tuple[str, ...]:
+        if self.kind == "GA":
+            return ("h",)
+        if self.kind == "AE":
+            return ("s_src",)
+        return ()
+
+    @property
+    def has_params(self) -> bool:
+        return self.kind in ("AV", "LOSS") and (self.kind == "AV" or self.b_in)
+
+
+class Model(NamedTuple):
+    """A model: its stages, a parameter initializer and which weights take weight decay."""
+
+    name: str
+    stages: tuple[Stage, ...]
+    init: Callable[[jax.Array], dict]
+    decay_mask: Callable[[dict], dict]
+    num_classes: int
+
+
+def _glorot(key, shape):
+    fan_in, fan_out = shape[0], shape[-1]
+    lim = jnp.sqrt(6.0 / (fan_in + fan_out))
+    return jax.random.uniform(key, shape, jnp.float32, -lim, lim)
+
+
+def _init(stages: tuple[Stage, ...]) -> Callable[[jax.Array], dict]:
+    def init(key: jax.Array) -> dict:
+        params = {}
+        for st in stages:
+            if not st.has_params:
+                continue
+            key, k1, k2, k3 = jax.random.split(key, 4)
+            p = {}
+            if st.kind == "AV":
+                width = st.out_dim * max(st.heads, 1)
+                p["w"] = _glorot(k1, (st.in_dim, width))
+                if st.heads:
+                    p["a_src"] = _glorot(k2, (st.heads, st.out_dim))
+                    p["a_dst"] = _glorot(k3, (st.heads, st.out_dim))
+                if st.b_out:
+                    p["b_out"] = jnp.zeros((width,), jnp.float32)
+            if st.b_in:
+                p["b_in"] = jnp.zeros((st.in_dim,), jnp.float32)
+            params[st.name] = p
+        return params
+
+    return init
+
+
+def gcn(in_dim: int, hidden: int | tuple[int, ...], num_classes: int, *, dropout: float = 0.5,
+        order: str = "auto", decay_all: bool = False) -> Model:
+    """Graph convolutional network (Kipf & Welling, ICLR 2017): H' = σ(Â H W + b).
+
+    Each layer is GA→AV (Dorylus's order: aggregate, then transform) or AV→GA (transform first, then aggregate,
+    with the bias and σ applied by the next tensor stage); `order="auto"` aggregates on the narrower side,
+    which is the same function with fewer sparse FLOPs. Weight decay on the first layer only, as in Kipf's code.
+    """
+    if order not in ("auto", "ga-first", "av-first"):
+        raise ValueError(f"unknown GCN stage order {order!r} (auto, ga-first, av-first)")
+    hs = (hidden,) if isinstance(hidden, int) else tuple(hidden)
+    dims = (in_dim, *hs, num_classes)
+    stages: list[Stage] = []
+    pending_bias, pending_act = False, None
+    last = len(dims) - 2
+    for layer in range(len(dims) - 1):
+        d_in, d_out = dims[layer], dims[layer + 1]
+        act = None if layer == last else "relu"
+        ga_first = order == "ga-first" or (order == "auto" and d_in <= d_out)
+        av = dict(kind="AV", layer=layer, in_dim=d_in, out_dim=d_out, act_in=pending_act, b_in=pending_bias,
+                  rate=dropout)
+        if ga_first:
+            stages.append(Stage(kind="GA", layer=layer, index=len(stages), name=f"ga{layer}"))
+            stages.append(Stage(index=len(stages), name=f"av{layer}", act_out=act, b_out=True, **av))
+            pending_bias, pending_act = False, None
+        else:
+            stages.append(Stage(index=len(stages), name=f"av{layer}", **av))
+            stages.append(Stage(kind="GA", layer=layer, index=len(stages), name=f"ga{layer}"))
+            pending_bias, pending_act = True, act
+    stages.append(Stage(kind="LOSS", layer=last, index=len(stages), name="loss", in_dim=num_classes,
+                        b_in=pending_bias))
+    stages_t = tuple(stages)
+    first = stages_t[0].name if stages_t[0].kind == "AV" else stages_t[1].name
+
+    def decay_mask(params):
+        return {k: {n: (n == "w" and (decay_all or k == first)) for n in v} for k, v in params.items()}
+
+    return Model("gcn", stages_t, _init(stages_t), decay_mask, num_classes)
+
+
+def gat(in_dim: int, hidden: int, num_classes: int, *, heads: int = 8, out_heads: int = 1, layers: int = 2,
+        dropout: float = 0.6, negative_slope: float = 0.2) -> Model:
+    """Graph attention network (Veličković et al., ICLR 2018), multi-head, ELU between layers.
+
+    Per layer: AV (z = dropout(h)·W per head, with attention scores), AE (α = softmax of LeakyReLU scores over
+    each vertex's in-neighbours, with dropout), GA weighted by α. Hidden layers concatenate heads; the output
+    layer averages them. Each layer's bias and ELU are applied by the next tensor stage.
+    """
+    stages: list[Stage] = []
+    d_in = in_dim
+    for layer in range(layers):
+        is_last = layer == layers - 1
+        h = out_heads if is_last else heads
+        d_out = num_classes if is_last else hidden
+        stages.append(Stage(kind="AV", layer=layer, index=len(stages), name=f"av{layer}", in_dim=d_in,
+                            out_dim=d_out, heads=h, act_in=None if layer == 0 else "elu", b_in=layer > 0,
+                            rate=dropout))
+        stages.append(Stage(kind="AE", layer=layer, index=len(stages), name=f"ae{layer}", heads=h, rate=dropout,
+                            negative_slope=negative_slope))
+        stages.append(Stage(kind="GA", layer=layer, index=len(stages), name=f"ga{layer}", heads=h, weighted=True,
+                            concat_heads=not is_last))
+        d_in = d_out * h
+    stages.append(Stage(kind="LOSS", layer=layers - 1, index=len(stages), name="loss", in_dim=num_classes,
+                        heads=out_heads, b_in=True))
+    stages_t = tuple(stages)
+
+    def decay_mask(params):
+        return {k: {n: n in ("w", "a_src", "a_dst") for n in v} for k, v in params.items()}
+
+    return Model("gat", stages_t, _init(stages_t), decay_mask, num_classes)
+
+
+def logits_of(stage: Stage, params: dict, h: jax.Array) -> jax.Array:
+    """The LOSS stage's prologue: last bias and head mean, giving logits [R, classes]."""
+    if h.ndim == 3:
+        h = jnp.mean(h, axis=1)
+    if stage.b_in:
+        h = h + params[stage.name]["b_in"]
+    return h
+
+
+def run_stage(stage: Stage, params: dict, state: dict, adj: sparse.Adjacency, seed) -> dict:
+    """Apply one non-loss stage to a block's state; returns the tensors the stage writes.
+
+    state holds "h" (and "s_src"/"s_dst"/"alpha" for GAT). For GA and AE the column-indexed tensors cover the
+    block's columns (owned and ghost vertices); everything else covers its rows. `seed` (uint32) keys dropout;
+    None disables it (evaluation).
+    """
+    if stage.kind == "AV":
+        rate = stage.rate if seed is not None else 0.0
+        out = dense.apply_vertex(params[stage.name], state["h"], act_in=stage.act_in, act_out=stage.act_out,
+                                 rate=rate, seed=seed, row_gids=adj.row_gids, heads=stage.heads)
+        return {"h": out.pop("z"), **out}
+    if stage.kind == "AE":
+        rate = stage.rate if seed is not None else 0.0
+        alpha = dense.apply_edge(state["s_src"], state["s_dst"], adj, negative_slope=stage.negative_slope,
+                                 rate=rate, seed=seed)
+        return {"alpha": alpha}
+    if stage.kind == "GA":
+        h = state["h"]
+        if stage.weighted:
+            out = sparse.gather_weighted(adj, state["alpha"], h)
+            return {"h": out.reshape(out.shape[0], -1) if stage.concat_heads else out}
+        return {"h": sparse.gather(adj, h)}
+    raise ValueError(f"run_stage does not run {stage.kind} stages")
+
+
+def forward(model: Model, params: dict, adj: sparse.Adjacency, x: jax.Array, seeds=None) -> jax.Array:
+    """Whole-graph forward pass: compose every stage over one block holding all vertices; returns logits.
+
+    seeds: uint32 array with one dropout seed per stage, or None for evaluation.
+    """
+    state = {"h": x}
+    for st in model.stages:
+        if st.kind == "LOSS":
+            return logits_of(st, params, state["h"])
+        seed = None if seeds is None else seeds[st.index]
+        state = {**state, **run_stage(st, params, state, adj, seed)}
+    raise ValueError("model has no LOSS stage")

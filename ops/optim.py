@@ -1,0 +1,15 @@
+"""The optimizer the parameter server applies (WU): optax Adam with masked L2 weight decay."""
+from __future__ import annotations
+
+import numpy as np
+import optax
+
+
+def make_optimizer(lr: float, weight_decay: float, decay_mask) -> optax.GradientTransformation:
+    """Adam (Kingma & Ba, 2015) on gradients plus weight_decay · W for the masked weights (L2, as in Kipf's GCN)."""
+    return optax.chain(optax.add_decayed_weights(weight_decay, mask=decay_mask), optax.adam(lr))
+
+
+def dropout_seeds(seed: int, epoch: int, num_stages: int) -> np.ndarray:
+    """One uint32 dropout seed per stage for an epoch; a function of (seed, epoch) alone, so every engine agrees."""
+    return np.random.default_rng([int(seed), int(epoch), 0x0D0]).integers(0, 2**32, num_stages, dtype=np.uint32)

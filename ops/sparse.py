@@ -1,0 +1,159 @@
+"""GA and its VJP: sparse-dense products over an interval's adjacency rows, with a precomputed transpose."""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import scipy.sparse as sp
+from jax.experimental import sparse as jsparse
+
+
+@jax.tree_util.register_pytree_node_class
+class Adjacency:
+    """The rows of a (normalized) adjacency that one task gathers over: R destination rows x C source columns.
+
+    data/indices/indptr: CSR of the R x C block (the values are Â's entries for GCN).
+    row_ids: the CSR row of every stored entry, for per-edge work (attention, SDDMM).
+    t_indices/t_indptr/t_perm: CSR structure of the transpose; the transpose's k-th value is data[t_perm[k]],
+      so backward passes (∇GA with Âᵀ) run at the same speed as forward ones.
+    row_gids/col_gids: global vertex id of each local row and column; counter-based dropout keys on them
+      so every partitioning draws the same masks.
+    Shapes are static pytree metadata, so jit compiles once per (R, C, nnz).
+    """
+
+    def __init__(self, data, indices, indptr, row_ids, t_indices, t_indptr, t_perm, row_gids, col_gids, shape):
+        self.data = data
+        self.indices = indices
+        self.indptr = indptr
+        self.row_ids = row_ids
+        self.t_indices = t_indices
+        self.t_indptr = t_indptr
+        self.t_perm = t_perm
+        self.row_gids = row_gids
+        self.col_gids = col_gids
+        self.shape = tuple(int(s) for s in shape)
+
+    def tree_flatten(self):
+        return (
+            (self.data, self.indices, self.indptr, self.row_ids, self.t_indices, self.t_indptr, self.t_perm,
+             self.row_gids, self.col_gids),
+            self.shape,
+        )
+
+    @classmethod
+    def tree_unflatten(cls, shape, children):
+        return cls(*children, shape=shape)
+
+    @property
+    def nnz(self) -> int:
+        return int(self.data.shape[0])
+
+    @classmethod
+    def from_scipy(cls, a: sp.spmatrix, row_gids=None, col_gids=None, nnz_pad: int | None = None,
+                   rows_pad: int | None = None, cols_pad: int | None = None) -> "Adjacency":
+        """Build from a scipy matrix (host side), optionally padded to fixed sizes with zero-valued entries."""
+        a = sp.csr_matrix(a, dtype=np.float32)
+        a.sort_indices()
+        r, c = a.shape
+        rp = r if rows_pad is None else int(rows_pad)
+        cp = c if cols_pad is None else int(cols_pad)
+        if rp < r or cp < c:
+            raise ValueError(f"padding {rp}x{cp} is smaller than the block {r}x{c}")
+        nnz = a.nnz
+        npad = nnz if nnz_pad is None else int(nnz_pad)
+        if npad < nnz:
+            raise ValueError(f"nnz padding {npad} is smaller than the block's {nnz} entries")
+        data = np.zeros(npad, np.float32)
+        data[:nnz] = a.data
+        indices = np.zeros(npad, np.int32)
+        indices[:nnz] = a.indices
+        indptr = np.empty(rp + 1, np.int32)
+        indptr[: r + 1] = a.indptr
+        # Padding entries sit in the last padded row (or the last real row) with value 0 at column 0.
+        indptr[r + 1:] = nnz
+        indptr[-1] = npad
+        row_ids = np.repeat(np.arange(rp, dtype=np.int32), np.diff(indptr))
+        order = np.lexsort((row_ids, indices))  # transpose order: by column, then row
+        t_counts = np.bincount(indices, minlength=cp)
+        t_indptr = np.zeros(cp + 1, np.int32)
+        np.cumsum(t_counts, out=t_indptr[1:])
+        rg = np.arange(rp, dtype=np.int32) if row_gids is None else _pad_ids(row_gids, rp)
+        cg = np.arange(cp, dtype=np.int32) if col_gids is None else _pad_ids(col_gids, cp)
+        return cls(data, indices, indptr, row_ids, row_ids[order].astype(np.int32), t_indptr,
+                   order.astype(np.int32), rg, cg, shape=(rp, cp))
+
+    def to_device(self) -> "Adjacency":
+        return jax.tree_util.tree_map(jnp.asarray, self)
+
+
+def _pad_ids(ids, n):
+    out = np.full(n, -1, np.int32)
+    ids = np.asarray(ids, np.int32)
+    out[: ids.size] = ids
+    return out
+
+
+def _csr_matmul(data, indices, indptr, x, nrows):
+    return jsparse.BCSR((data, indices, indptr), shape=(nrows, x.shape[0])) @ x
+
+
+@jax.custom_vjp
+def gather(adj: Adjacency, x: jax.Array) -> jax.Array:
+    """GA: y = A · x for the rows of `adj` (x has one row per column of `adj`).
+
+    The VJP is ∇GA: dx = Aᵀ · dy, using the precomputed transpose (Dorylus's backward gather over Âᵀ).
+    Edge values are constants here (GCN); see `gather_weighted` for learned values (GAT).
+    """
+    return _csr_matmul(adj.data, adj.indices, adj.indptr, x, adj.shape[0])
+
+
+def _gather_fwd(adj, x):
+    return gather(adj, x), adj
+
+
+def _gather_bwd(adj, g):
+    dx = _csr_matmul(adj.data[adj.t_perm], adj.t_indices, adj.t_indptr, g, adj.shape[1])
+    return None, dx
+
+
+gather.defvjp(_gather_fwd, _gather_bwd)
+
+
+@jax.custom_vjp
+def gather_weighted(adj: Adjacency, values: jax.Array, x: jax.Array) -> jax.Array:
+    """GA with per-edge, per-head values: y[r, h] = Σ_e values[e, h] · x[col(e), h] over the row's entries.
+
+    values: [nnz, H]; x: [C, H, F]; returns [R, H, F]. This is the aggregation of GAT (Veličković et al., ICLR 2018)
+    with attention coefficients as values. The VJP gives dx = Aᵀ-weighted gather and dvalues by SDDMM.
+    """
+    heads = [
+        _csr_matmul(values[:, h], adj.indices, adj.indptr, x[:, h, :], adj.shape[0]) for h in range(x.shape[1])
+    ]
+    return jnp.stack(heads, axis=1)
+
+
+def _gw_fwd(adj, values, x):
+    return gather_weighted(adj, values, x), (adj, values, x)
+
+
+def _gw_bwd(res, g):
+    adj, values, x = res
+    tv = values[adj.t_perm]
+    dx = jnp.stack(
+        [_csr_matmul(tv[:, h], adj.t_indices, adj.t_indptr, g[:, h, :], adj.shape[1]) for h in range(x.shape[1])],
+        axis=1,
+    )
+    dvalues = jnp.sum(g[adj.row_ids] * x[adj.indices], axis=-1)
+    return None, dvalues, dx
+
+
+gather_weighted.defvjp(_gw_fwd, _gw_bwd)
+
+
+def segment_softmax(logits: jax.Array, segment_ids: jax.Array, num_segments: int) -> jax.Array:
+    """Softmax of per-edge logits [nnz, H] over the entries of each row (each vertex's in-neighbours)."""
+    m = jax.ops.segment_max(logits, segment_ids, num_segments=num_segments, indices_are_sorted=True)
+    m = jnp.where(jnp.isfinite(m), m, 0.0)
+    e = jnp.exp(logits - jax.lax.stop_gradient(m)[segment_ids])
+    s = jax.ops.segment_sum(e, segment_ids, num_segments=num_segments, indices_are_sorted=True)
+    return e / (s[segment_ids] + 1e-16)
