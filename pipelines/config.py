@@ -1,0 +1,178 @@
+"""Run configuration: one dataclass for every setting, from flags and/or a TOML file, validated up front."""
+from __future__ import annotations
+
+import dataclasses
+import sys
+from pathlib import Path
+from typing import Any
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+import tomli_w
+
+
+class ConfigError(ValueError):
+    """A setting is wrong; the message names the setting and the problem."""
+
+
+# Model-specific defaults (Kipf & Welling 2017 for GCN, Veličković et al. 2018 for GAT), used when unset.
+MODEL_DEFAULTS = {
+    "gcn": {"lr": 0.01, "hidden": 16, "dropout": 0.5, "weight_decay": 5e-4, "heads": 1, "out_heads": 1},
+    "gat": {"lr": 0.005, "hidden": 8, "dropout": 0.6, "weight_decay": 5e-4, "heads": 8, "out_heads": 1},
+}
+
+
+@dataclasses.dataclass
+class TrainConfig:
+    # data
+    dataset: str | None = None
+    data_dir: str | None = None
+    feature_norm: str = "row"
+    # model
+    model: str = "gcn"
+    hidden: int | None = None
+    heads: int | None = None
+    out_heads: int | None = None
+    layers: int = 2
+    dropout: float | None = None
+    order: str = "auto"
+    # optimization
+    seed: int = 0
+    epochs: int = 200
+    lr: float | None = None
+    weight_decay: float | None = None
+    patience: int = 100
+    # engine (computation separation)
+    partitions: int = 1
+    intervals: int = 1
+    partitioner: str = "metis"
+    staleness: int | None = None
+    wu: str = "sync"
+    tensor_workers: int = 2
+    straggler_k: float = 2.0
+    straggler_min_s: float = 0.5
+    fail_rate: float = 0.0
+    delay_rate: float = 0.0
+    delay_s: float = 0.0
+    transport: str = "memory"
+    bootstrap: str | None = None
+    # output
+    out: str | None = None
+
+    def resolved(self) -> "TrainConfig":
+        """Fill model-specific defaults for unset settings, then validate."""
+        if self.model not in MODEL_DEFAULTS:
+            raise ConfigError(f"model: unknown model {self.model!r} (choose gcn or gat)")
+        c = dataclasses.replace(self)
+        for k, v in MODEL_DEFAULTS[c.model].items():
+            if getattr(c, k) is None:
+                setattr(c, k, v)
+        c.validate()
+        return c
+
+    def validate(self) -> None:
+        def need(cond, msg):
+            if not cond:
+                raise ConfigError(msg)
+
+        need(self.epochs >= 1, f"epochs must be >= 1, got {self.epochs}")
+        need(self.lr is None or self.lr > 0, f"lr must be > 0, got {self.lr}")
+        need(self.hidden is None or self.hidden >= 1, f"hidden must be >= 1, got {self.hidden}")
+        need(self.heads is None or self.heads >= 1, f"heads must be >= 1, got {self.heads}")
+        need(self.out_heads is None or self.out_heads >= 1, f"out_heads must be >= 1, got {self.out_heads}")
+        need(self.layers >= 1, f"layers must be >= 1, got {self.layers}")
+        need(self.dropout is None or 0.0 <= self.dropout < 1.0, f"dropout must be in [0, 1), got {self.dropout}")
+        need(self.weight_decay is None or self.weight_decay >= 0,
+             f"weight_decay must be >= 0, got {self.weight_decay}")
+        need(self.patience >= 0, f"patience must be >= 0 (0 disables early stopping), got {self.patience}")
+        need(self.feature_norm in ("row", "none"), f"feature_norm must be row or none, got {self.feature_norm!r}")
+        need(self.order in ("auto", "ga-first", "av-first"),
+             f"order must be auto, ga-first or av-first, got {self.order!r}")
+        need(self.partitions >= 1, f"partitions must be >= 1, got {self.partitions}")
+        need(self.intervals >= 1, f"intervals must be >= 1, got {self.intervals}")
+        need(self.partitioner in ("metis", "hash"), f"partitioner must be metis or hash, got {self.partitioner!r}")
+        need(self.staleness is None or self.staleness >= 0,
+             f"staleness must be none or an integer >= 0, got {self.staleness}")
+        need(self.wu in ("sync", "async"), f"wu must be sync or async, got {self.wu!r}")
+        need(self.tensor_workers >= 1, f"tensor_workers must be >= 1, got {self.tensor_workers}")
+        need(0.0 <= self.fail_rate < 1.0, f"fail_rate must be in [0, 1), got {self.fail_rate}")
+        need(0.0 <= self.delay_rate <= 1.0, f"delay_rate must be in [0, 1], got {self.delay_rate}")
+        need(self.delay_s >= 0, f"delay_s must be >= 0, got {self.delay_s}")
+        need(self.straggler_k > 0, f"straggler_k must be > 0, got {self.straggler_k}")
+        need(self.transport in ("memory", "kafka"), f"transport must be memory or kafka, got {self.transport!r}")
+        need(self.seed >= 0, f"seed must be >= 0, got {self.seed}")
+
+    @property
+    def engine(self) -> bool:
+        """Whether the run needs the separated, pipelined engine rather than the whole-graph trainer."""
+        return (self.partitions > 1 or self.intervals > 1 or self.staleness is not None or self.wu != "sync"
+                or self.transport != "memory" or self.fail_rate > 0 or self.delay_rate > 0)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
+
+    def to_toml(self) -> str:
+        return tomli_w.dumps(self.to_dict())
+
+
+FIELDS = {f.name: f for f in dataclasses.fields(TrainConfig)}
+
+
+def parse_staleness(value) -> int | None:
+    """'none' (fully synchronous) or a non-negative integer number of epochs."""
+    if value is None or (isinstance(value, str) and value.strip().lower() == "none"):
+        return None
+    try:
+        s = int(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"staleness must be none or an integer >= 0, got {value!r}") from None
+    if s < 0:
+        raise ConfigError(f"staleness must be none or an integer >= 0, got {s}")
+    return s
+
+
+def load_toml(path: str | Path) -> dict[str, Any]:
+    """Read a TOML config file; unknown keys and wrongly typed values are errors naming the key."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file {path} does not exist")
+    try:
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+        raise ConfigError(f"config file {path} is not valid TOML: {e}") from None
+    if "train" in raw and isinstance(raw["train"], dict):
+        raw = {**{k: v for k, v in raw.items() if k != "train"}, **raw["train"]}
+    out = {}
+    for k, v in raw.items():
+        key = k.replace("-", "_")
+        if key not in FIELDS:
+            raise ConfigError(f"config file {path}: unknown setting {k!r}")
+        if key == "staleness":
+            v = parse_staleness(v)
+        elif v is not None and not _type_ok(FIELDS[key], v):
+            raise ConfigError(f"config file {path}: setting {k!r} has the wrong type ({type(v).__name__})")
+        out[key] = v
+    return out
+
+
+def _type_ok(field: dataclasses.Field, v) -> bool:
+    t = str(field.type)
+    if "bool" in t:
+        return isinstance(v, bool)
+    if "float" in t:
+        return isinstance(v, (int, float)) and not isinstance(v, bool)
+    if "int" in t:
+        return isinstance(v, int) and not isinstance(v, bool)
+    if "str" in t:
+        return isinstance(v, str)
+    return True
+
+
+def build_config(file_values: dict[str, Any], flag_values: dict[str, Any]) -> TrainConfig:
+    """Defaults, then the config file, then explicitly given flags; model defaults fill the rest."""
+    merged = {**file_values, **{k: v for k, v in flag_values.items() if v is not None}}
+    if "staleness" in merged:
+        merged["staleness"] = parse_staleness(merged["staleness"])
+    return TrainConfig(**merged).resolved()
