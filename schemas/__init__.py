@@ -1,1 +1,67 @@
-"""Arrow schemas of every message and every file the project writes; encode/decode with validation. No compute."""
+"""Arrow schemas of every message and every file the project writes; encode/decode with validation. No compute.
+
+Imports only pyarrow, numpy and the standard library, so a Lambda handler or any Kafka consumer can use it
+alone. Messages: :mod:`schemas.messages`; files: :mod:`schemas.files`.
+"""
+
+from .messages import (
+    COMPRESSIONS,
+    CONTROL_SCHEMA,
+    PARAMS_SCHEMA,
+    ROUTING_FIELDS,
+    SCHEMA_VERSION,
+    SUPPORTED_SCHEMA_VERSIONS,
+    WATERMARK_SCHEMA,
+    Control,
+    Envelope,
+    Header,
+    MessageType,
+    SchemaError,
+    TaskKind,
+    Watermark,
+    arrow_schema,
+    decode,
+    decode_control,
+    decode_message,
+    decode_watermarks,
+    edge_block,
+    encode,
+    encode_buffer,
+    gradients,
+    peek_header,
+    to_record_batch,
+    vertex_block,
+    weights,
+)
+from . import files
+
+__all__ = [
+    "COMPRESSIONS",
+    "CONTROL_SCHEMA",
+    "PARAMS_SCHEMA",
+    "ROUTING_FIELDS",
+    "SCHEMA_VERSION",
+    "SUPPORTED_SCHEMA_VERSIONS",
+    "WATERMARK_SCHEMA",
+    "Control",
+    "Envelope",
+    "Header",
+    "MessageType",
+    "SchemaError",
+    "TaskKind",
+    "Watermark",
+    "arrow_schema",
+    "decode",
+    "decode_control",
+    "decode_message",
+    "decode_watermarks",
+    "edge_block",
+    "encode",
+    "encode_buffer",
+    "files",
+    "gradients",
+    "peek_header",
+    "to_record_batch",
+    "vertex_block",
+    "weights",
+]
