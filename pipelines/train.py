@@ -60,6 +60,22 @@ def npz_to_tree(arrays) -> dict:
     return out
 
 
+def make_train_step(model: models.Model, tx):
+    """One jitted full-graph epoch: forward, masked loss, backward through every stage, optimizer update."""
+
+    def step(params, opt_state, adj, x, labels, train_mask, seeds):
+        def loss_fn(p):
+            logits = models.forward(model, p, adj, x, seeds)
+            s, n = dense.softmax_cross_entropy(logits, labels, train_mask)
+            return s / jnp.maximum(n, 1.0)
+
+        loss, grads = jax.value_and_grad(loss_fn)(params)
+        updates, opt_state = tx.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, loss
+
+    return jax.jit(step, donate_argnums=(0, 1))
+
+
 class Evaluator:
     """Jitted evaluation (no dropout): loss and correct counts for train/val/test masks in one pass."""
 
@@ -125,17 +141,7 @@ def train(cfg: TrainConfig, graph: Graph, out: Path | None = None, show_progress
     tx = make_optimizer(cfg.lr, cfg.weight_decay, model.decay_mask(params))
     opt_state = tx.init(params)
 
-    def step(params, opt_state, adj, x, labels, train_mask, seeds):
-        def loss_fn(p):
-            logits = models.forward(model, p, adj, x, seeds)
-            s, n = dense.softmax_cross_entropy(logits, labels, train_mask)
-            return s / jnp.maximum(n, 1.0)
-
-        loss, grads = jax.value_and_grad(loss_fn)(params)
-        updates, opt_state = tx.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state, loss
-
-    step = jax.jit(step, donate_argnums=(0, 1))
+    step = make_train_step(model, tx)
     evaluator = Evaluator(model)
 
     log = rundir.MetricsLog(out / "metrics.jsonl") if out is not None else None

@@ -1,0 +1,94 @@
+"""Bench: seconds per full-graph GCN epoch on a synthetic graph (ogbn-arxiv's size by default); one JSON line."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--nodes", type=int, default=169_343)
+    p.add_argument("--edges", type=int, default=1_166_243, help="undirected edges")
+    p.add_argument("--features", type=int, default=128)
+    p.add_argument("--hidden", type=int, default=256)
+    p.add_argument("--classes", type=int, default=40)
+    p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--epochs", type=int, default=10)
+    p.add_argument("--order", default="auto", choices=["auto", "ga-first", "av-first"])
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--partitions", type=int, default=0, help="also run the pipelined engine with P partitions")
+    p.add_argument("--intervals", type=int, default=8)
+    p.add_argument("--staleness", default="0,1", help="comma-separated staleness values for the engine runs")
+    p.add_argument("--tensor-workers", type=int, default=2)
+    args = p.parse_args(argv)
+
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from ops.optim import dropout_seeds, make_optimizer
+    from ops.sparse import Adjacency
+    from pipelines.config import TrainConfig
+    from pipelines.data.synthetic import planted_partition
+    from pipelines.train import build_model, make_train_step, model_inputs
+
+    t0 = time.perf_counter()
+    graph = planted_partition(num_nodes=args.nodes, num_classes=args.classes,
+                              avg_degree=2.0 * args.edges / args.nodes, feature_dim=args.features, seed=args.seed)
+    gen_s = time.perf_counter() - t0
+    cfg = TrainConfig(model="gcn", hidden=args.hidden, layers=args.layers, order=args.order, seed=args.seed,
+                      dropout=0.5, epochs=args.epochs).resolved()
+    model = build_model(cfg, graph)
+    x, a = model_inputs(cfg, graph)
+    adj = Adjacency.from_scipy(a).to_device()
+    x = jnp.asarray(x)
+    labels = jnp.asarray(graph.labels)
+    mask = jnp.asarray(graph.train_mask)
+    params = model.init(jax.random.PRNGKey(args.seed))
+    tx = make_optimizer(cfg.lr, cfg.weight_decay, model.decay_mask(params))
+    opt_state = tx.init(params)
+    step = make_train_step(model, tx)
+    seeds = [jnp.asarray(dropout_seeds(args.seed, e, len(model.stages))) for e in range(args.epochs + 1)]
+    t0 = time.perf_counter()
+    params, opt_state, loss = step(params, opt_state, adj, x, labels, mask, seeds[0])
+    loss.block_until_ready()
+    jit_s = time.perf_counter() - t0
+    times = []
+    for e in range(1, args.epochs + 1):
+        t0 = time.perf_counter()
+        params, opt_state, loss = step(params, opt_state, adj, x, labels, mask, seeds[e])
+        loss.block_until_ready()
+        times.append(time.perf_counter() - t0)
+    single = {
+        "bench": "epoch", "engine": "whole-graph", "nodes": graph.num_nodes, "edges_directed": graph.num_edges,
+        "features": args.features, "hidden": args.hidden, "classes": args.classes, "layers": args.layers,
+        "order": args.order, "stages": "-".join(s.kind for s in model.stages), "epochs": args.epochs,
+        "epoch_s_min": min(times), "epoch_s_median": float(np.median(times)), "jit_s": jit_s,
+        "generate_s": gen_s, "final_loss": float(loss), "peak_rss_mb": peak_rss_mb(), "cores": os.cpu_count(),
+    }
+    print(json.dumps(single), flush=True)
+    if args.partitions:
+        from pipelines.engine.bench import engine_epochs
+
+        for s in args.staleness.split(","):
+            row = engine_epochs(graph, cfg, partitions=args.partitions, intervals=args.intervals,
+                                staleness=None if s == "none" else int(s), tensor_workers=args.tensor_workers,
+                                epochs=args.epochs)
+            row["ratio_to_whole_graph"] = row["epoch_s_median"] / single["epoch_s_median"]
+            row["peak_rss_mb"] = peak_rss_mb()
+            print(json.dumps(row), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

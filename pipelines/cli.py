@@ -1,0 +1,165 @@
+"""The `dorylus` command line: one subcommand per job; errors are one line on stderr and exit code 2."""
+from __future__ import annotations
+
+import argparse
+import datetime
+import sys
+from pathlib import Path
+
+from pipelines.config import FIELDS, ConfigError, build_config, load_toml
+
+
+class UsageError(Exception):
+    """A flag is wrong; the message names it."""
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, but a wrong flag is one line naming the problem (argparse's usage stays in --help)."""
+
+    def error(self, message):
+        raise UsageError(f"{self.prog}: {message}")
+
+
+EXIT_USAGE = 2
+
+
+def _train_flags(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("data")
+    g.add_argument("--dataset", help="known name (cora, citeseer, cora-ml, amazon-computers, coauthor-cs), "
+                                     "synthetic:planted?..., synthetic:rmat?..., or a file path; "
+                                     "default: a generated planted-partition graph")
+    g.add_argument("--data-dir", help="dataset directory (default: $DORYLUS_DATA_DIR or ~/.cache/dorylus/datasets)")
+    g.add_argument("--feature-norm", choices=["row", "none"])
+    g = p.add_argument_group("model")
+    g.add_argument("--model", choices=["gcn", "gat"])
+    g.add_argument("--hidden", type=int)
+    g.add_argument("--heads", type=int, help="GAT attention heads of hidden layers")
+    g.add_argument("--out-heads", type=int, help="GAT attention heads of the output layer")
+    g.add_argument("--layers", type=int)
+    g.add_argument("--dropout", type=float)
+    g.add_argument("--order", choices=["auto", "ga-first", "av-first"],
+                   help="GCN stage order per layer (auto: aggregate on the narrower side)")
+    g = p.add_argument_group("optimization")
+    g.add_argument("--seed", type=int)
+    g.add_argument("--epochs", type=int)
+    g.add_argument("--lr", type=float)
+    g.add_argument("--weight-decay", type=float)
+    g.add_argument("--patience", type=int, help="stop after this many epochs without a better validation "
+                                                "accuracy (0: never)")
+    g = p.add_argument_group("engine (computation separation)")
+    g.add_argument("--partitions", type=int, help="graph servers (graph partitions)")
+    g.add_argument("--intervals", type=int, help="vertex intervals per partition")
+    g.add_argument("--partitioner", choices=["metis", "hash"])
+    g.add_argument("--staleness", help="none (synchronous) or S >= 0 epochs of bounded staleness")
+    g.add_argument("--wu", choices=["sync", "async"], help="weight updates per epoch (sync) or per interval")
+    g.add_argument("--tensor-workers", type=int, help="size of the local tensor-worker pool")
+    g.add_argument("--fail-rate", type=float, help="injected tensor-task failure probability")
+    g.add_argument("--delay-rate", type=float, help="probability that a tensor task is delayed")
+    g.add_argument("--delay-s", type=float, help="mean injected delay (exponential), seconds")
+    g.add_argument("--straggler-k", type=float, help="relaunch a task after max(min, k x EMA of task time)")
+    g.add_argument("--straggler-min-s", type=float)
+    g.add_argument("--transport", choices=["memory", "kafka"])
+    g.add_argument("--bootstrap", help="Kafka bootstrap HOST:PORT")
+    g = p.add_argument_group("output")
+    g.add_argument("--config", help="TOML file with the same settings (flags win)")
+    g.add_argument("--out", help="run directory (default: runs/<dataset>-<model>-<time>)")
+    g.add_argument("--overwrite", action="store_true", help="reuse a non-empty --out directory")
+    g.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+def cmd_train(args) -> int:
+    from pipelines import rundir
+    from pipelines.data.registry import load_dataset
+
+    file_values = load_toml(args.config) if args.config else {}
+    flags = {k: getattr(args, k) for k in FIELDS if hasattr(args, k)}
+    cfg = build_config(file_values, flags)
+    graph = load_dataset(cfg.dataset, cfg.data_dir, seed=cfg.seed)
+    if cfg.partitions > graph.num_nodes:
+        raise ConfigError(f"partitions ({cfg.partitions}) exceeds the graph's {graph.num_nodes} vertices")
+    if cfg.out is None:
+        stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+        cfg.out = str(Path("runs") / f"{graph.name}-{cfg.model}-{stamp}")
+    out = rundir.prepare_out_dir(cfg.out, overwrite=args.overwrite)
+    rundir.atomic_write_text(out / "config.toml", cfg.to_toml())
+    show = not args.quiet and sys.stderr.isatty()
+    if cfg.engine:
+        from pipelines.engine.runner import train_engine
+
+        result = train_engine(cfg, graph, out=out, show_progress=show)
+    else:
+        from pipelines.train import train
+
+        result = train(cfg, graph, out=out, show_progress=show)
+    s = result.summary
+    print(f"{graph.name} {cfg.model}: best val {s['best_val_acc']:.4f} (epoch {s['best_epoch']}), "
+          f"test {s['test_acc']:.4f}, {s['epochs']} epochs in {s['seconds']:.1f}s -> {out}")
+    return 0
+
+
+def cmd_data_fetch(args) -> int:
+    from pipelines.data.registry import fetch, resolve_data_dir
+
+    data_dir = resolve_data_dir(args.data_dir)
+    for name in args.names:
+        paths = fetch(name, data_dir, base_url=args.base_url)
+        print(f"{name}: {len(paths)} files verified in {data_dir}")
+    return 0
+
+
+def build_parser() -> Parser:
+    p = Parser(prog="dorylus", description="Full-graph GNN training on graph servers and tensor workers "
+                                           "(after Dorylus, OSDI 2021).")
+    sub = p.add_subparsers(dest="command", required=True, parser_class=Parser)
+    t = sub.add_parser("train", help="train a GCN or GAT on a graph")
+    _train_flags(t)
+    t.set_defaults(func=cmd_train)
+    d = sub.add_parser("data", help="datasets")
+    dsub = d.add_subparsers(dest="data_command", required=True, parser_class=Parser)
+    f = dsub.add_parser("fetch", help="download known datasets into the data directory and verify checksums")
+    f.add_argument("names", nargs="+")
+    f.add_argument("--data-dir")
+    f.add_argument("--base-url", help="where the files are served (default: $DORYLUS_DATASET_BASE_URL or the "
+                                      "public source)")
+    f.set_defaults(func=cmd_data_fetch)
+    for register in _extra_commands():
+        register(sub)
+    return p
+
+
+def _extra_commands():
+    """Subcommands owned by other rooms register themselves here."""
+    regs = []
+    import importlib
+
+    for mod in ("pipelines.roles", "pipelines.beam.commands", "pipelines.continuous.commands",
+                "pipelines.deploy", "pipelines.report", "pipelines.lambda_package"):
+        try:
+            m = importlib.import_module(mod)
+        except ModuleNotFoundError as e:
+            if e.name == mod or (e.name and mod.startswith(e.name + ".")) or e.name == mod.rsplit(".", 1)[0]:
+                continue
+            raise
+        regs.append(m.register)
+    return regs
+
+
+def main(argv: list[str] | None = None) -> int:
+    from pipelines.data.graph import DataError
+
+    try:
+        args = build_parser().parse_args(argv)
+        return int(args.func(args) or 0)
+    except UsageError as e:
+        print(str(e), file=sys.stderr)
+        return EXIT_USAGE
+    except (ConfigError, DataError, FileExistsError, FileNotFoundError) as e:
+        print(f"dorylus: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("dorylus: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
