@@ -1,0 +1,108 @@
+"""Beam runner flags for the runners this project uses: the DirectRunner and the FlinkRunner (embedded cluster).
+
+    from pipelines.beam.runners import runner_options
+    options = PipelineOptions(runner_options("flink", ["--parallelism=2"]))
+
+``runner_options(runner, extra_argv)`` returns the runner's flags followed by ``extra_argv`` (argparse keeps the
+last value of a flag, so anything in ``extra_argv`` overrides a default here).
+
+Flink runs as Beam's portable FlinkRunner: Python starts the Beam Flink job server (a Java process) with
+``--flink_master=[local]``, which runs an embedded Flink mini cluster; ``--environment_type=LOOPBACK`` runs the
+Python SDK harness inside this process. The job-server jar is found, in order, at
+``$DORYLUS_FLINK_JOB_SERVER_JAR`` or where ``infra/local/flink.sh fetch`` recorded it
+(``<cache>/flink-job-server.json``, cache = ``$DORYLUS_CACHE/beam`` or ``<repo>/.cache/beam``).
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Sequence
+
+REPO = Path(__file__).resolve().parents[2]
+FETCH_HINT = "infra/local/flink.sh fetch"
+JAR_ENV = "DORYLUS_FLINK_JOB_SERVER_JAR"
+DEFAULT_FLINK_VERSION = "1.19"
+RUNNERS = ("direct", "flink")
+
+
+class RunnerUnavailable(RuntimeError):
+    """A runner cannot be used here (e.g. the Flink job-server jar has not been fetched)."""
+
+
+def cache_dir() -> Path:
+    base = os.environ.get("DORYLUS_CACHE")
+    return Path(base) / "beam" if base else REPO / ".cache" / "beam"
+
+
+def flink_job_server() -> dict:
+    """{'jar': path, 'flink_version': 'X.Y', 'kind': 'env'|'official'|'assembled', ...}; RunnerUnavailable if none."""
+    env = os.environ.get(JAR_ENV)
+    if env:
+        if not os.path.isfile(env):
+            raise RunnerUnavailable(f"${JAR_ENV}={env} is not a file; unset it or run {FETCH_HINT}")
+        return {"jar": env, "kind": "env",
+                "flink_version": os.environ.get("DORYLUS_FLINK_VERSION", _flink_version_of(env))}
+    pointer = cache_dir() / "flink-job-server.json"
+    if pointer.is_file():
+        info = json.loads(pointer.read_text())
+        jar = info.get("jar", "")
+        if os.path.isfile(jar):
+            return info
+    raise RunnerUnavailable(
+        f"no Beam Flink job-server jar: set ${JAR_ENV} or run `{FETCH_HINT}` "
+        f"(looked for {pointer})")
+
+
+def flink_available() -> bool:
+    try:
+        flink_job_server()
+        return True
+    except RunnerUnavailable:
+        return False
+
+
+def _flink_version_of(jar: str) -> str:
+    # beam-runners-flink-1.19-job-server-2.62.0.jar -> 1.19
+    name = os.path.basename(jar)
+    marker = "beam-runners-flink-"
+    if name.startswith(marker):
+        ver = name[len(marker):].split("-", 1)[0]
+        if ver.replace(".", "").isdigit():
+            return ver
+    return DEFAULT_FLINK_VERSION
+
+
+def runner_options(runner: str, extra_argv: Sequence[str] = (), *, num_workers: int | None = None,
+                   parallelism: int | None = None, quiet_job_server: bool = True) -> list[str]:
+    """Beam pipeline flags for ``runner`` ('direct' or 'flink'), then ``extra_argv``.
+
+    direct: ``--runner=DirectRunner``; with ``num_workers`` > 1 also
+        ``--direct_running_mode=multi_processing --direct_num_workers=N``.
+    flink: ``--runner=FlinkRunner --flink_master=[local] --environment_type=LOOPBACK
+        --flink_job_server_jar=JAR --flink_version=X.Y`` (+ ``--parallelism=N`` when given; Flink's
+        local default is otherwise used). Raises RunnerUnavailable when no jar is found.
+    """
+    runner = runner.lower().removesuffix("runner")
+    extra = list(extra_argv or ())
+    if runner == "direct":
+        flags = ["--runner=DirectRunner"]
+        if num_workers is not None and num_workers > 1:
+            flags += ["--direct_running_mode=multi_processing", f"--direct_num_workers={int(num_workers)}"]
+        return flags + extra
+    if runner == "flink":
+        info = flink_job_server()
+        flags = [
+            "--runner=FlinkRunner",
+            "--flink_master=[local]",
+            "--environment_type=LOOPBACK",
+            f"--flink_job_server_jar={info['jar']}",
+            f"--flink_version={info.get('flink_version') or DEFAULT_FLINK_VERSION}",
+        ]
+        if parallelism is not None:
+            flags.append(f"--parallelism={int(parallelism)}")
+        if quiet_job_server:
+            # slf4j-simple (assembled job server) logs every Flink INFO line otherwise
+            flags.append("--job_server_jvm_property=-Dorg.slf4j.simpleLogger.defaultLogLevel=warn")
+        return flags + extra
+    raise ValueError(f"unknown runner {runner!r}; expected one of {', '.join(RUNNERS)}")

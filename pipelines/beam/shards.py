@@ -1,0 +1,169 @@
+"""Read a prepared graph (the output of pipelines/beam/prepare.py) back into memory.
+
+    adj, x, y, train, val, test, manifest = load_prepared("runs/g-prepared")
+    graph = load_graph("runs/g-prepared")             # the project's Graph record (pipelines/data/graph.py)
+    a_hat = normalized_adjacency("runs/g-prepared")   # Â from the stored weights, as gcn_normalize returns it
+    edges, vertices = read_partition("runs/g-prepared", 3)   # one graph server's shards (pyarrow Tables)
+
+Every file named by the manifest is checked against its recorded row count and (unless ``verify=False``) its
+sha256; a shard that is missing, changed or truncated raises :class:`ShardError`.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from typing import NamedTuple
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import scipy.sparse as sp
+
+from pipelines.data.graph import DataError
+
+FORMAT = "dorylus-prepared"
+SPLIT_NAMES = ("train", "val", "test")
+
+
+class ShardError(DataError):
+    """A prepared directory is incomplete, inconsistent or was modified after it was written."""
+
+
+class Prepared(NamedTuple):
+    adj: sp.csr_matrix            # symmetric binary N x N, no self-loops (the Graph.adj convention)
+    features: np.ndarray          # float32 [N, F] (F may be 0)
+    labels: np.ndarray            # int32 [N], -1 = unlabelled
+    train_mask: np.ndarray        # bool [N]
+    val_mask: np.ndarray
+    test_mask: np.ndarray
+    manifest: dict
+
+
+def read_manifest(root: str | os.PathLike) -> dict:
+    path = os.path.join(root, "manifest.json")
+    if not os.path.isfile(path):
+        raise ShardError(f"{root}: no manifest.json (not a prepared graph, or an unfinished/failed prepare run)")
+    with open(path) as f:
+        manifest = json.load(f)
+    if manifest.get("format") != FORMAT:
+        raise ShardError(f"{path}: format {manifest.get('format')!r}, expected {FORMAT!r}")
+    return manifest
+
+
+def _sha256(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _read_shard(root, entry: dict, verify: bool) -> pa.Table:
+    path = os.path.join(root, entry["path"])
+    if not os.path.isfile(path):
+        raise ShardError(f"{path}: listed in the manifest but missing")
+    if verify:
+        digest = _sha256(path)
+        if digest != entry["sha256"]:
+            raise ShardError(f"{path}: sha256 {digest} does not match the manifest's {entry['sha256']}")
+    table = pq.read_table(path)
+    if table.num_rows != entry["rows"]:
+        raise ShardError(f"{path}: {table.num_rows} rows, the manifest says {entry['rows']}")
+    return table
+
+
+def read_partition(root: str | os.PathLike, partition: int, verify: bool = True,
+                   manifest: dict | None = None) -> tuple[pa.Table, pa.Table]:
+    """(edges, vertices) Tables of one partition."""
+    manifest = manifest or read_manifest(root)
+    out = []
+    for kind in ("edges", "vertices"):
+        entries = [e for e in manifest["files"][kind] if e["partition"] == partition]
+        if len(entries) != 1:
+            raise ShardError(f"{root}: partition {partition} has {len(entries)} {kind} shards in the manifest")
+        out.append(_read_shard(root, entries[0], verify))
+    return out[0], out[1]
+
+
+def read_all(root: str | os.PathLike, verify: bool = True,
+             manifest: dict | None = None) -> tuple[pa.Table, pa.Table, dict]:
+    """(edges, vertices, manifest): all partitions' rows concatenated, vertices sorted by id."""
+    manifest = manifest or read_manifest(root)
+    tables = {kind: [_read_shard(root, e, verify) for e in sorted(manifest["files"][kind],
+                                                                  key=lambda e: e["partition"])]
+              for kind in ("edges", "vertices")}
+    edges = pa.concat_tables(tables["edges"]) if tables["edges"] else None
+    vertices = pa.concat_tables(tables["vertices"]) if tables["vertices"] else None
+    if vertices is not None:
+        vertices = vertices.sort_by("vertex")
+    return edges, vertices, manifest
+
+
+def _columns(root, verify, manifest=None):
+    edges, vertices, manifest = read_all(root, verify, manifest)
+    n = int(manifest["num_nodes"])
+    ids = vertices.column("vertex").to_numpy() if vertices is not None else np.zeros(0, np.int64)
+    if not np.array_equal(ids, np.arange(n)):
+        raise ShardError(f"{root}: the vertex shards do not hold every vertex 0..{n - 1} exactly once")
+    return edges, vertices, manifest, n
+
+
+def normalized_adjacency(root: str | os.PathLike, verify: bool = True) -> sp.csr_matrix:
+    """Â = D^-1/2 (A + I) D^-1/2 from the stored weights: float32 CSR, sorted indices (row = dst, col = src)."""
+    edges, _, manifest, n = _columns(root, verify)
+    return _csr(edges, n, weights=True)
+
+
+def _csr(edges: pa.Table | None, n: int, weights: bool) -> sp.csr_matrix:
+    if edges is None or edges.num_rows == 0:
+        return sp.csr_matrix((n, n), dtype=np.float32)
+    src = edges.column("src").to_numpy()
+    dst = edges.column("dst").to_numpy()
+    if weights:
+        data = edges.column("weight").to_numpy()
+    else:
+        keep = src != dst
+        src, dst = src[keep], dst[keep]
+        data = np.ones(src.size, np.float32)
+    a = sp.csr_matrix((data, (dst, src)), shape=(n, n), dtype=np.float32)
+    a.sum_duplicates()
+    a.sort_indices()
+    a.indices = a.indices.astype(np.int32)
+    a.indptr = a.indptr.astype(np.int64 if a.nnz > np.iinfo(np.int32).max else np.int32)
+    return a
+
+
+def load_prepared(root: str | os.PathLike, verify: bool = True) -> Prepared:
+    """(adj, features, labels, train_mask, val_mask, test_mask, manifest) of a prepared directory."""
+    edges, vertices, manifest, n = _columns(root, verify)
+    adj = _csr(edges, n, weights=False)
+    f = int(manifest.get("feature_dim", 0))
+    if f > 0:
+        col = vertices.column("features").combine_chunks()
+        features = col.flatten().to_numpy().astype(np.float32, copy=False).reshape(n, f)
+    else:
+        features = np.zeros((n, 0), np.float32)
+    labels = vertices.column("label").to_numpy().astype(np.int32) if n else np.zeros(0, np.int32)
+    split = vertices.column("split").to_pylist() if n else []
+    split = np.array([s if s is not None else "" for s in split], dtype=object)
+    masks = [split == name for name in SPLIT_NAMES] if n else [np.zeros(0, bool)] * 3
+    masks = [np.asarray(m, dtype=bool) for m in masks]
+    return Prepared(adj, np.ascontiguousarray(features), labels, masks[0], masks[1], masks[2], manifest)
+
+
+def partition_assignment(root: str | os.PathLike, verify: bool = True) -> np.ndarray:
+    """int32 [N]: the partition of every vertex."""
+    _, vertices, _, n = _columns(root, verify)
+    return vertices.column("partition").to_numpy().astype(np.int32) if n else np.zeros(0, np.int32)
+
+
+def load_graph(root: str | os.PathLike, name: str | None = None, verify: bool = True):
+    """The prepared graph as the project's :class:`pipelines.data.graph.Graph` (via ``make_graph``)."""
+    from pipelines.data.graph import make_graph
+
+    p = load_prepared(root, verify)
+    coo = p.adj.tocoo()
+    num_classes = p.manifest.get("num_classes") or None
+    return make_graph(name or os.path.basename(os.path.abspath(root)), coo.row, coo.col, p.features, p.labels,
+                      p.train_mask, p.val_mask, p.test_mask, num_classes=num_classes)

@@ -1,0 +1,5 @@
+"""`python -m pipelines.prepare ...`: the Beam prepare pipeline (pipelines/beam/prepare.py)."""
+from pipelines.beam.prepare import main, run  # noqa: F401
+
+if __name__ == "__main__":
+    raise SystemExit(main())
