@@ -208,3 +208,59 @@ def forward(model: Model, params: dict, adj: sparse.Adjacency, x: jax.Array, see
         seed = None if seeds is None else seeds[st.index]
         state = {**state, **run_stage(st, params, state, adj, seed)}
     raise ValueError("model has no LOSS stage")
+
+
+def from_spec(spec: dict) -> Model:
+    """Rebuild a model from its JSON-able spec (what a stateless tensor worker receives with a task)."""
+    spec = dict(spec)
+    kind = spec.pop("name")
+    if kind == "gcn":
+        spec["hidden"] = tuple(spec["hidden"])
+        return _cached_gcn(**spec)
+    if kind == "gat":
+        return _cached_gat(**spec)
+    raise ValueError(f"unknown model {kind!r} in task spec")
+
+
+def _freeze(fn):
+    import functools
+
+    return functools.lru_cache(maxsize=16)(fn)
+
+
+_cached_gcn = _freeze(gcn)
+_cached_gat = _freeze(gat)
+
+
+def writes(stage: Stage) -> tuple[str, ...]:
+    """Named tensors a stage produces: vertex rows for AV/GA, per-edge values for AE."""
+    if stage.kind == "AV":
+        return ("h", "s_src", "s_dst") if stage.heads else ("h",)
+    if stage.kind == "AE":
+        return ("alpha",)
+    if stage.kind == "GA":
+        return ("h",)
+    return ()
+
+
+def reads(stage: Stage) -> dict[str, str]:
+    """Named tensors a stage consumes and where: "rows" (its block's rows), "cols" (columns: ghosts too) or
+    "edges" (per-edge values of the same block)."""
+    if stage.kind in ("AV", "LOSS"):
+        return {"h": "rows"}
+    if stage.kind == "AE":
+        return {"s_src": "cols", "s_dst": "rows"}
+    if stage.kind == "GA":
+        return {"h": "cols", "alpha": "edges"} if stage.weighted else {"h": "cols"}
+    return {}
+
+
+def producers(model: Model) -> dict[int, dict[str, int]]:
+    """For every stage, which earlier stage produced each tensor it reads (-1: the input features)."""
+    last: dict[str, int] = {"h": -1}
+    out = {}
+    for st in model.stages:
+        out[st.index] = {name: last[name] for name in reads(st)}
+        for name in writes(st):
+            last[name] = st.index
+    return out

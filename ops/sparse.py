@@ -52,7 +52,7 @@ class Adjacency:
     def from_scipy(cls, a: sp.spmatrix, row_gids=None, col_gids=None, nnz_pad: int | None = None,
                    rows_pad: int | None = None, cols_pad: int | None = None) -> "Adjacency":
         """Build from a scipy matrix (host side), optionally padded to fixed sizes with zero-valued entries."""
-        a = sp.csr_matrix(a, dtype=np.float32)
+        a = sp.csr_matrix(a, dtype=np.float32, copy=True)
         a.sort_indices()
         r, c = a.shape
         rp = r if rows_pad is None else int(rows_pad)

@@ -1,0 +1,135 @@
+"""Tensor tasks as pure jitted functions: a stage's forward, its VJP, and the fused last layer (AV + loss + ∇AV).
+
+These are what a tensor worker runs, in the local pool or on AWS Lambda: each takes the stage, its stashed
+parameters and the task's arrays, and returns arrays. Backward tasks recompute the stage's forward from the
+inputs the graph server kept (as Dorylus's Lambdas do) and return parameter and input gradients.
+"""
+from __future__ import annotations
+
+import functools
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from ops import dense, models
+from ops.models import Stage
+
+
+class Rows(NamedTuple):
+    """What a row-local stage needs of its block: the global ids of its rows (dropout keys)."""
+
+    row_gids: jax.Array
+
+
+def _stage_call(stage: Stage):
+    def f(p, inputs, adj, seed):
+        return models.run_stage(stage, {stage.name: p}, inputs, adj, seed)
+
+    return f
+
+
+@functools.lru_cache(maxsize=None)
+def forward_fn(stage: Stage, train: bool = True):
+    """jit(f(params, inputs, block, seed) -> outputs) for one stage (AV, AE or GA)."""
+    f = _stage_call(stage)
+    if not train:
+        return jax.jit(lambda p, inputs, adj: f(p, inputs, adj, None))
+    return jax.jit(f)
+
+
+@functools.lru_cache(maxsize=None)
+def backward_fn(stage: Stage, wrt_inputs: tuple[str, ...]):
+    """jit(g(params, inputs, block, seed, out_grads) -> (param_grads, input_grads)) for one stage.
+
+    wrt_inputs names the inputs whose gradient is needed; the others (features, say) are held constant, so no
+    work is spent on gradients nobody reads (∇GA of the first layer over the input features, for one).
+    """
+    f = _stage_call(stage)
+
+    def g(p, inputs, adj, seed, out_grads):
+        const = {k: v for k, v in inputs.items() if k not in wrt_inputs}
+        var = {k: v for k, v in inputs.items() if k in wrt_inputs}
+
+        def h(p, var):
+            out = f(p, {**const, **var}, adj, seed)
+            return {k: out[k] for k in out_grads}
+
+        _, pullback = jax.vjp(h, p, var)
+        return pullback(out_grads)
+
+    return jax.jit(g)
+
+
+@functools.lru_cache(maxsize=None)
+def loss_fn(loss_stage: Stage, av_stage: Stage | None):
+    """jit of the last tensor task: [AV +] loss + gradients, Dorylus's fused last layer when av_stage is given.
+
+    l(params, h, rows, labels, mask, seed, scale) -> (loss_sum, count, correct, param_grads, dh)
+    where loss_sum is the masked cross-entropy sum over the block's rows and the gradients are of
+    scale · loss_sum (scale = 1 / number of training vertices in the whole graph, so block gradients add up).
+    """
+
+    def objective(p, h, rows, labels, mask, seed, scale):
+        if av_stage is not None:
+            h = models.run_stage(av_stage, p, {"h": h}, rows, seed)["h"]
+        logits = models.logits_of(loss_stage, p, h)
+        s, n = dense.softmax_cross_entropy(logits, labels, mask)
+        return s * scale, (s, n, dense.correct_count(logits, labels, mask))
+
+    def l(p, h, rows, labels, mask, seed, scale):
+        (_, (s, n, c)), (gp, gh) = jax.value_and_grad(objective, argnums=(0, 1), has_aux=True)(
+            p, h, rows, labels, mask, seed, scale)
+        return s, n, c, gp, gh
+
+    return jax.jit(l)
+
+
+def zeros_like_outputs(outputs: dict) -> dict:
+    return {k: jnp.zeros_like(v) for k, v in outputs.items()}
+
+
+def block_from_arrays(arrays: dict, rows: int, cols: int):
+    """An Adjacency for edge-local tasks (AE) from a task's arrays; the transpose is not needed there."""
+    from ops.sparse import Adjacency
+
+    nnz = arrays["data"].shape[0]
+    z = jnp.zeros((nnz,), jnp.int32)
+    return Adjacency(arrays["data"], arrays["indices"], arrays["indptr"], arrays["row_ids"], z,
+                     jnp.zeros((cols + 1,), jnp.int32), z, arrays["row_gids"], arrays["col_gids"], (rows, cols))
+
+
+BLOCK_ARRAYS = ("data", "indices", "indptr", "row_ids", "row_gids", "col_gids")
+
+
+def run_tensor_task(model: models.Model, kind: str, stage_index: int, params: dict, arrays: dict,
+                    meta: dict) -> tuple[dict, dict, dict]:
+    """Run one tensor task; returns (result arrays for the graph server, parameter gradients by stage name,
+    scalar statistics). kinds: AV, AE (forward), LAST (fused AV + loss + backward), LOSS, AV_BWD, AE_BWD."""
+    st = model.stages[stage_index]
+    seed = None if meta.get("seed") is None else jnp.uint32(meta["seed"])
+    if kind in ("LAST", "LOSS"):
+        loss_stage = model.stages[-1]
+        av = st if kind == "LAST" else None
+        names = [s.name for s in (av, loss_stage) if s is not None and s.has_params]
+        p = {n: params[n] for n in names}
+        s, n, c, gp, gh = loss_fn(loss_stage, av)(p, arrays["h"], Rows(arrays["row_gids"]), arrays["labels"],
+                                                  arrays["mask"], seed, jnp.float32(meta["scale"]))
+        return {"dh": gh}, gp, {"loss_sum": float(s), "count": float(n), "correct": float(c)}
+    p = params.get(st.name, {})
+    if st.kind == "AV":
+        adj = Rows(arrays["row_gids"])
+        inputs = {"h": arrays["h"]}
+    elif st.kind == "AE":
+        adj = block_from_arrays(arrays, arrays["s_dst"].shape[0], arrays["s_src"].shape[0])
+        inputs = {"s_src": arrays["s_src"], "s_dst": arrays["s_dst"]}
+    else:
+        raise ValueError(f"stage {st.index} is {st.kind}, not a tensor stage")
+    if kind in ("AV", "AE"):
+        return dict(forward_fn(st)(p, inputs, adj, seed)), {}, {}
+    if kind in ("AV_BWD", "AE_BWD"):
+        out_grads = {k[2:]: v for k, v in arrays.items() if k.startswith("g_")}
+        wrt = tuple(meta.get("wrt", ()))
+        gp, gin = backward_fn(st, wrt)(p, inputs, adj, seed, out_grads)
+        return {f"d_{k}": v for k, v in gin.items()}, ({st.name: gp} if st.has_params else {}), {}
+    raise ValueError(f"unknown tensor task kind {kind!r}")

@@ -1,0 +1,515 @@
+"""A graph server: owns one partition, runs GA/∇GA and SC/∇SC for its intervals, and drives their pipeline.
+
+Each interval walks its own schedule (forward stages, then backward stages, epoch after epoch); a step fires as
+soon as its inputs are there, so GA of one interval overlaps AV of another on the tensor workers. Reads of ghost
+columns are gated by the ghost watermark (the last epoch every producing partition has sent): a task of epoch e
+reads ghost values of epoch max(e - S, 0) and owned values of epoch e. Reading a fixed version, rather than
+whatever is newest, keeps runs deterministic; S = None adds a global barrier per layer.
+"""
+from __future__ import annotations
+
+import collections
+import threading
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ops import models
+from ops.optim import dropout_seeds
+from ops.tasks import BLOCK_ARRAYS, backward_fn, forward_fn
+from pipelines.engine import messages as M
+from pipelines.engine.messages import EngineError, Message, check_routing
+
+
+class _Interval:
+    """Per-interval, per-epoch working state."""
+
+    def __init__(self):
+        self.rows: dict = {}      # name -> produced row tensors (this epoch)
+        self.saved: dict = {}     # stage -> the inputs it ran on (for its VJP)
+        self.grads: dict = {}     # (producer stage, name) -> gradient w.r.t. that tensor's rows/edges
+        self.step = 0
+
+
+class GraphServer:
+    def __init__(self, transport, plan, model: models.Model, model_spec: dict, *, features: np.ndarray,
+                 labels: np.ndarray, train_mask: np.ndarray, num_partitions: int, staleness: int | None,
+                 epochs: int, seed: int, loss_scale: float, straggler_k: float = 2.0, straggler_min_s: float = 0.5,
+                 start_epoch: int = 0):
+        self.t = transport
+        self.plan = plan
+        self.p = plan.partition
+        self.model = model
+        self.spec = model_spec
+        self.stages = model.stages
+        self.P = num_partitions
+        self.K = len(plan.intervals)
+        self.S = 0 if staleness is None else staleness
+        self.sync_barrier = staleness is None
+        self.epochs = epochs
+        self.seed = seed
+        self.scale = loss_scale
+        self.k, self.min_s = straggler_k, straggler_min_s
+        self.n_own = plan.num_owned
+        colspace = plan.colspace
+        self.x_cols = np.ascontiguousarray(features[colspace])
+        self.labels = labels
+        self.train_mask = train_mask
+        self.producers = models.producers(model)
+        self.schedule = self._build_schedule()
+        # Which (producer stage, tensor) pairs are read at columns, and by which stage.
+        self.col_reads: dict[tuple[int, str], int] = {}
+        self.row_consumers: dict[tuple[int, str], list[int]] = collections.defaultdict(list)
+        for st in self.stages:
+            for name, where in models.reads(st).items():
+                ps = self.producers[st.index][name]
+                if where == "cols":
+                    self.col_reads[(ps, name)] = st.index
+                else:
+                    self.row_consumers[(ps, name)].append(st.index)
+        self._static_blocks()
+        # Stores, keyed by epoch.
+        self.fwd = collections.defaultdict(dict)         # (ps, name) -> e -> colspace array
+        self.fwd_done = collections.defaultdict(lambda: collections.defaultdict(set))  # ps -> e -> intervals
+        self.ghost_wm = collections.defaultdict(lambda: {q: -1 for q in plan.recv})      # (ps,name) -> q -> e
+        self.bwd_local = collections.defaultdict(lambda: collections.defaultdict(dict))  # (ps,name)->e->i->grad
+        self.bwd_sum = collections.defaultdict(dict)     # (ps, name) -> e -> colspace gradient sum (local)
+        self.bwd_remote = collections.defaultdict(lambda: collections.defaultdict(dict))  # (ps,name)->e->q->rows
+        self.bwd_wm = collections.defaultdict(lambda: {q: -1 for q in plan.send})
+        self.bwd_total = collections.defaultdict(dict)   # (ps, name) -> e -> owned-row gradient
+        self.global_wm = collections.defaultdict(set)  # (dir, stage, epoch) -> partitions that finished it
+        self.latest_version = -1
+        self.epoch = [start_epoch] * self.K
+        self.state = [_Interval() for _ in range(self.K)]
+        self.inflight: dict[tuple, list] = {}
+        self.ema: dict[str, float] = {}
+        self.epoch_stats = collections.defaultdict(lambda: {"loss_sum": 0.0, "count": 0.0, "correct": 0.0, "n": 0})
+        self.stop_after = epochs - 1
+        self.busy_s = collections.Counter()
+        self.relaunches = 0
+        self.duplicates = 0
+        self.max_staleness = 0
+        self.error: BaseException | None = None
+        self._stop = threading.Event()
+        self.consumer = transport.consumer(
+            [(M.TENSOR_RESULTS, self.p), (M.GHOSTS, self.p), (M.GHOST_GRADS, self.p), (M.WATERMARKS, self.p),
+             (M.CONTROL, self.p)], group=f"graph-server-{self.p}")
+        self.wconsumer = transport.consumer([(M.WEIGHTS, 0)], group=f"graph-server-{self.p}-weights")
+
+    # ------------------------------------------------------------------------------------------------ setup
+    def _build_schedule(self) -> list[tuple[str, int]]:
+        """The steps of one epoch: ("F", s) forward, ("LAST", s) fused AV+loss, ("LOSS", s), ("B", s) backward."""
+        st = self.stages
+        steps, last = [], len(st) - 1
+        fused = st[last - 1].kind == "AV"
+        for s in range(last):
+            if fused and s == last - 1:
+                steps.append(("LAST", s))
+            else:
+                steps.append(("F", s))
+        if not fused:
+            steps.append(("LOSS", last))
+        for s in range(last - 1, -1, -1):
+            if fused and s == last - 1:
+                continue
+            steps.append(("B", s))
+        return steps
+
+    def _static_blocks(self) -> None:
+        self.blocks, self.blocks_dev, self.rows_static = [], [], []
+        R = self.plan.intervals[0].block.shape[0]
+        for iv in self.plan.intervals:
+            blk = iv.block
+            self.blocks.append(blk)
+            self.blocks_dev.append(blk.to_device())
+            n = iv.end - iv.start
+            lab = np.zeros(R, np.int32)
+            lab[:n] = self.labels[iv.start:iv.end]
+            msk = np.zeros(R, bool)
+            msk[:n] = self.train_mask[iv.start:iv.end]
+            x = np.zeros((R, self.x_cols.shape[1]), np.float32)
+            x[:n] = self.x_cols[iv.start:iv.end]
+            self.rows_static.append({"labels": lab, "mask": msk, "x": x})
+
+    # ------------------------------------------------------------------------------------------------ helpers
+    def version_for(self, e: int) -> int:
+        return max(e - self.S, 0)
+
+    def seed_for(self, e: int, s: int) -> int:
+        return int(dropout_seeds(self.seed, e, len(self.stages))[s])
+
+    def _needs_grad(self, ps: int) -> bool:
+        return ps != -1
+
+    def _col_input(self, i: int, e: int, ps: int, name: str) -> np.ndarray | None:
+        """The column values interval i reads in epoch e, or None while the watermark is behind."""
+        iv = self.plan.intervals[i]
+        if ps == -1:
+            return self.x_cols[iv.cols]
+        if len(self.fwd_done[ps][e]) < self.K:
+            return None
+        e_ghost = max(e - self.S, 0)
+        wm = self.ghost_wm[(ps, name)]
+        if wm and min(wm.values()) < e_ghost:
+            return None
+        if self.sync_barrier and len(self.global_wm[("F", ps, e)]) < self.P - 1:
+            return None
+        own = self.fwd[(ps, name)][e]
+        if wm:
+            ghost = self.fwd[(ps, name)][e_ghost]
+            self.max_staleness = max(self.max_staleness, e - e_ghost)
+            full = np.concatenate([own[: self.n_own], ghost[self.n_own:]])
+        else:
+            full = own
+        return full[iv.cols]
+
+    def _store(self, ps: int, name: str, e: int) -> np.ndarray:
+        st = self.fwd[(ps, name)]
+        if e not in st:
+            raise EngineError(f"no store for stage {ps} {name} epoch {e}")
+        return st[e]
+
+    def _ensure_store(self, ps: int, name: str, e: int, width: tuple) -> np.ndarray:
+        st = self.fwd[(ps, name)]
+        if e not in st:
+            st[e] = np.zeros((self.x_cols.shape[0], *width), np.float32)
+        return st[e]
+
+    # ------------------------------------------------------------------------------------------------ forward
+    def _inputs(self, i: int, e: int, s: int) -> dict | None:
+        st = self.stages[s]
+        ist = self.state[i]
+        out = {}
+        for name, where in models.reads(st).items():
+            ps = self.producers[s][name]
+            if where == "cols":
+                v = self._col_input(i, e, ps, name)
+                if v is None:
+                    return None
+                out[name] = v
+            elif where == "rows":
+                out[name] = self.rows_static[i]["x"] if ps == -1 else ist.rows[name]
+            else:
+                out[name] = ist.rows[name]
+        return out
+
+    def _on_outputs(self, i: int, e: int, s: int, outputs: dict) -> None:
+        ist = self.state[i]
+        iv = self.plan.intervals[i]
+        n = iv.end - iv.start
+        for name, val in outputs.items():
+            val = np.asarray(val)
+            ist.rows[name] = val
+            if (s, name) in self.col_reads:
+                store = self._ensure_store(s, name, e, val.shape[1:])
+                store[iv.start:iv.end] = val[:n]
+        self.fwd_done[s][e].add(i)
+        if len(self.fwd_done[s][e]) == self.K:
+            self._scatter(s, e)
+
+    def _scatter(self, s: int, e: int) -> None:
+        """SC: once every local interval produced stage s for epoch e, send each partition the rows it ghosts."""
+        t0 = time.perf_counter()
+        for (ps, name) in self.col_reads:
+            if ps != s:
+                continue
+            store = self._store(s, name, e)
+            for q, idx in self.plan.send.items():
+                self.t.send(M.GHOSTS, q, Message("SC", e, s, -1, self.p, -1, arrays={name: store[idx]},
+                                                 meta={"name": name}))
+        for q in range(self.P):
+            if q != self.p:
+                self.t.send(M.WATERMARKS, q, Message("WM", e, s, -1, self.p, -1, meta={"dir": "F"}))
+        self.busy_s["SC"] += time.perf_counter() - t0
+
+    def _on_ghosts(self, msg: Message) -> None:
+        name = msg.meta["name"]
+        q, e, s = msg.partition, msg.epoch, msg.stage
+        store = self._ensure_store(s, name, e, msg.arrays[name].shape[1:])
+        store[self.n_own + self.plan.recv[q]] = msg.arrays[name]
+        self.ghost_wm[(s, name)][q] = max(self.ghost_wm[(s, name)][q], e)
+
+    # ------------------------------------------------------------------------------------------------ backward
+    def _out_grads(self, i: int, e: int, s: int) -> dict | None:
+        st = self.stages[s]
+        ist = self.state[i]
+        iv = self.plan.intervals[i]
+        grads = {}
+        for name in models.writes(st):
+            if (s, name) in self.col_reads:
+                tot = self._bwd_total(s, name, e)
+                if tot is None:
+                    return None
+                g = np.zeros((self.blocks[i].shape[0], *tot.shape[1:]), np.float32)
+                g[: iv.end - iv.start] = tot[iv.start:iv.end]
+                grads[name] = g
+            elif (s, name) in ist.grads:
+                grads[name] = ist.grads[(s, name)]
+            elif self.row_consumers.get((s, name)):
+                return None  # its consumer's backward has not run yet
+        return grads
+
+    def _bwd_total(self, ps: int, name: str, e: int) -> np.ndarray | None:
+        tot = self.bwd_total[(ps, name)].get(e)
+        if tot is not None:
+            return tot
+        local = self.bwd_sum[(ps, name)].get(e)
+        if local is None:
+            return None
+        e_ghost = max(e - self.S, 0)
+        wm = self.bwd_wm[(ps, name)]
+        if wm and min(wm.values()) < e_ghost:
+            return None
+        if self.sync_barrier and len(self.global_wm[("B", ps, e)]) < self.P - 1:
+            return None
+        tot = np.array(local[: self.n_own])
+        for q in sorted(self.plan.send):
+            rows = self.bwd_remote[(ps, name)][e_ghost].get(q)
+            if rows is None:
+                return None
+            np.add.at(tot, self.plan.send[q], rows)
+        self.bwd_total[(ps, name)][e] = tot
+        return tot
+
+    def _col_grad(self, i: int, e: int, ps: int, name: str, g: np.ndarray) -> None:
+        """A local ∇GA/∇AE contribution to columns; once all intervals gave theirs, ∇SC the ghost part."""
+        self.bwd_local[(ps, name)][e][i] = np.asarray(g)
+        if len(self.bwd_local[(ps, name)][e]) < self.K:
+            return
+        t0 = time.perf_counter()
+        parts = self.bwd_local[(ps, name)].pop(e)
+        total = np.zeros((self.x_cols.shape[0], *parts[0].shape[1:]), np.float32)
+        for k in range(self.K):  # fixed order: results do not depend on timing
+            iv = self.plan.intervals[k]
+            total[iv.cols[: iv.num_cols]] += parts[k][: iv.num_cols]
+        self.bwd_sum[(ps, name)][e] = total
+        for q, idx in self.plan.recv.items():
+            self.t.send(M.GHOST_GRADS, q, Message("SC_BWD", e, ps, -1, self.p, -1,
+                                                  arrays={name: total[self.n_own + idx]}, meta={"name": name}))
+        for q in range(self.P):
+            if q != self.p:
+                self.t.send(M.WATERMARKS, q, Message("WM", e, ps, -1, self.p, -1, meta={"dir": "B"}))
+        self.busy_s["SC_BWD"] += time.perf_counter() - t0
+
+    def _on_ghost_grads(self, msg: Message) -> None:
+        name = msg.meta["name"]
+        self.bwd_remote[(msg.stage, name)][msg.epoch][msg.partition] = msg.arrays[name]
+        wm = self.bwd_wm[(msg.stage, name)]
+        wm[msg.partition] = max(wm[msg.partition], msg.epoch)
+
+    def _deposit_input_grads(self, i: int, e: int, s: int, grads: dict) -> None:
+        ist = self.state[i]
+        for name, g in grads.items():
+            ps = self.producers[s][name]
+            if ps == -1:
+                continue
+            where = models.reads(self.stages[s])[name]
+            if where == "cols":
+                self._col_grad(i, e, ps, name, g)
+            else:
+                key = (ps, name)
+                ist.grads[key] = np.asarray(g) if key not in ist.grads else ist.grads[key] + np.asarray(g)
+
+    # ------------------------------------------------------------------------------------------------ tasks
+    def _dispatch(self, kind: str, i: int, e: int, s: int, arrays: dict, meta: dict) -> None:
+        msg = Message(kind, e, s, i, self.p, self.version_for(e), arrays=arrays,
+                      meta={"model": self.spec, "attempt": 0, **meta})
+        self.inflight[msg.key] = [msg, time.monotonic(), 0]
+        self.t.send(M.TENSOR_TASKS, 0, msg)
+
+    def _relaunch(self, key, reason: str) -> None:
+        entry = self.inflight[key]
+        msg, _, attempts = entry
+        entry[1] = time.monotonic()
+        entry[2] = attempts + 1
+        self.relaunches += 1
+        self.t.send(M.TENSOR_TASKS, 0, msg.replace(meta={**msg.meta, "attempt": attempts + 1, "reason": reason}))
+
+    def _check_stragglers(self) -> None:
+        now = time.monotonic()
+        for key, (msg, sent, _) in list(self.inflight.items()):
+            limit = max(self.min_s, self.k * self.ema.get(msg.kind, self.min_s))
+            if now - sent > limit:
+                self._relaunch(key, "late")
+
+    def _on_result(self, msg: Message) -> None:
+        check_routing(msg, self.P, self.K, len(self.stages))
+        if msg.kind == "ERROR":
+            key = (msg.meta["task"], msg.epoch, msg.stage, msg.interval, msg.partition)
+            if key in self.inflight:
+                if not msg.meta.get("retryable"):
+                    raise EngineError(f"tensor task {key} failed: {msg.meta.get('error')}")
+                self._relaunch(key, "failed")
+            return
+        entry = self.inflight.pop(msg.key, None)
+        if entry is None:
+            self.duplicates += 1
+            return
+        dt = time.monotonic() - entry[1]
+        if entry[2] == 0:
+            self.ema[msg.kind] = dt if msg.kind not in self.ema else 0.8 * self.ema[msg.kind] + 0.2 * dt
+        i, e, s = msg.interval, msg.epoch, msg.stage
+        if e != self.epoch[i]:
+            raise EngineError(f"result {msg.kind} for interval {i} epoch {e}, but the interval is in epoch "
+                              f"{self.epoch[i]}")
+        ist = self.state[i]
+        if msg.kind in ("AV", "AE"):
+            self._on_outputs(i, e, s, msg.arrays)
+        elif msg.kind in ("LAST", "LOSS"):
+            stats = self.epoch_stats[e]
+            for k in ("loss_sum", "count", "correct"):
+                stats[k] += msg.meta[k]
+            stats["n"] += 1
+            if stats["n"] == self.K:
+                self._report_epoch(e)
+            # dh is the gradient w.r.t. the LAST/LOSS input rows, produced by the stage before it.
+            self._deposit_input_grads(i, e, s, {"h": msg.arrays["dh"]})
+        elif msg.kind in ("AV_BWD", "AE_BWD"):
+            self._deposit_input_grads(i, e, s, {k[2:]: v for k, v in msg.arrays.items() if k.startswith("d_")})
+        ist.step += 1
+
+    def _report_epoch(self, e: int) -> None:
+        stats = self.epoch_stats.pop(e)
+        self.t.send(M.METRICS, 0, Message("EPOCH", e, -1, -1, self.p, -1, meta={
+            "loss_sum": stats["loss_sum"], "count": stats["count"], "correct": stats["correct"],
+            "max_staleness": self.max_staleness, "relaunches": self.relaunches, "duplicates": self.duplicates,
+            "busy_s": dict(self.busy_s), "interval_epochs": list(self.epoch)}))
+
+    def _try_step(self, i: int) -> bool:
+        """Fire interval i's next step if its inputs are ready; True if anything happened."""
+        e = self.epoch[i]
+        if e > self.stop_after:
+            return False
+        ist = self.state[i]
+        if ist.step == len(self.schedule):
+            self._finish_epoch(i)
+            return True
+        kind, s = self.schedule[ist.step]
+        st = self.stages[s]
+        if any(key[3] == i for key in self.inflight):
+            return False
+        if ist.step == 0 and self.latest_version < self.version_for(e):
+            return False
+        if kind == "F" or kind == "LAST" or kind == "LOSS":
+            inputs = self._inputs(i, e, s)
+            if inputs is None:
+                return False
+            ist.saved[s] = inputs
+            seed = self.seed_for(e, s)
+            if kind == "F" and st.kind == "GA":
+                t0 = time.perf_counter()
+                out = forward_fn(st)({}, inputs, self.blocks_dev[i], jnp.uint32(seed))
+                out = {k: np.asarray(v) for k, v in out.items()}
+                self.busy_s["GA"] += time.perf_counter() - t0
+                ist.step += 1
+                self._on_outputs(i, e, s, out)
+                return True
+            blk = self.blocks[i]
+            arrays = {**inputs, "row_gids": blk.row_gids}
+            meta = {"seed": seed}
+            if st.kind == "AE":
+                arrays.update({k: getattr(blk, k) for k in BLOCK_ARRAYS})
+            if kind in ("LAST", "LOSS"):
+                arrays.update(labels=self.rows_static[i]["labels"], mask=self.rows_static[i]["mask"])
+                meta["scale"] = self.scale
+            self._dispatch(kind if kind != "F" else st.kind, i, e, s, arrays, meta)
+            return True
+        # backward
+        out_grads = self._out_grads(i, e, s)
+        if out_grads is None:
+            return False
+        wrt = tuple(n for n in models.reads(st) if self._needs_grad(self.producers[s][n]))
+        if not wrt and not st.has_params:
+            ist.step += 1
+            return True
+        inputs = ist.saved[s]
+        seed = self.seed_for(e, s)
+        if st.kind == "GA":
+            t0 = time.perf_counter()
+            _, gin = backward_fn(st, wrt)({}, inputs, self.blocks_dev[i], jnp.uint32(seed),
+                                          {k: jnp.asarray(v) for k, v in out_grads.items()})
+            gin = {k: np.asarray(v) for k, v in gin.items()}
+            self.busy_s["GA_BWD"] += time.perf_counter() - t0
+            ist.step += 1
+            self._deposit_input_grads(i, e, s, gin)
+            return True
+        blk = self.blocks[i]
+        arrays = {**inputs, "row_gids": blk.row_gids, **{f"g_{k}": v for k, v in out_grads.items()}}
+        if st.kind == "AE":
+            arrays.update({k: getattr(blk, k) for k in BLOCK_ARRAYS})
+        self._dispatch(f"{st.kind}_BWD", i, e, s, arrays, {"seed": seed, "wrt": list(wrt)})
+        return True
+
+    def _finish_epoch(self, i: int) -> None:
+        self.epoch[i] += 1
+        self.state[i] = _Interval()
+        self._gc()
+
+    def _gc(self) -> None:
+        low = min(self.epoch) - self.S - 1
+        for stores in (self.fwd, self.bwd_sum, self.bwd_total):
+            for st in stores.values():
+                for e in [e for e in st if e < low]:
+                    del st[e]
+        for st in self.bwd_remote.values():
+            for e in [e for e in st if e < low]:
+                del st[e]
+        for d in self.fwd_done.values():
+            for e in [e for e in d if e < low]:
+                del d[e]
+
+    # ------------------------------------------------------------------------------------------------ loop
+    def handle(self, msg: Message) -> None:
+        if msg.kind == "STOP_AFTER":
+            self.stop_after = min(self.stop_after, msg.epoch)
+            return
+        if msg.kind == "STOP":
+            self._stop.set()
+            return
+        if msg.kind == "WM":
+            check_routing(msg, self.P, self.K, len(self.stages))
+            self.global_wm[(msg.meta["dir"], msg.stage, msg.epoch)].add(msg.partition)
+            return
+        if msg.kind == "SC":
+            check_routing(msg, self.P, self.K, len(self.stages))
+            self._on_ghosts(msg)
+            return
+        if msg.kind == "SC_BWD":
+            check_routing(msg, self.P, self.K, len(self.stages))
+            self._on_ghost_grads(msg)
+            return
+        self._on_result(msg)
+
+    @property
+    def finished(self) -> bool:
+        return all(e > self.stop_after for e in self.epoch)
+
+    def run(self) -> None:
+        try:
+            while not self._stop.is_set() and not self.finished:
+                for w in self.wconsumer.poll(0.0):
+                    self.latest_version = max(self.latest_version, w.version)
+                for msg in self.consumer.poll(0.002 if self.inflight else 0.02):
+                    self.handle(msg)
+                self.consumer.commit()
+                progressed = True
+                while progressed:
+                    progressed = False
+                    for i in range(self.K):
+                        while self._try_step(i):
+                            progressed = True
+                self._check_stragglers()
+            self.t.send(M.METRICS, 0, Message("DONE", min(self.epoch) - 1, -1, -1, self.p, -1, meta={
+                "busy_s": dict(self.busy_s), "relaunches": self.relaunches, "duplicates": self.duplicates,
+                "max_staleness": self.max_staleness}))
+        except BaseException as e:
+            self.error = e
+            self.t.send(M.METRICS, 0, Message("FAILED", -1, -1, -1, self.p, -1, meta={"error": repr(e)}))
+        finally:
+            self.consumer.close()
+            self.wconsumer.close()
+
+    def stop(self) -> None:
+        self._stop.set()

@@ -1,0 +1,171 @@
+"""The parameter server: versioned weights, weight stashing, and WU with optax (sync per epoch or per interval).
+
+Small pieces with explicit state, optax style: `init(params) -> PSState`, `update(state, grads...) -> PSState`.
+Versions count epochs: version v is the weights after the updates of epochs 0..v-1, so the forward pass of
+epoch e with staleness S uses version max(e - S, 0), its backward pass the same one (stashing), and a run with
+the same seed gives the same numbers however its tasks were timed.
+"""
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+
+import jax
+import numpy as np
+import optax
+
+from pipelines.engine import messages as M
+from pipelines.engine.messages import EngineError, Message
+
+
+@dataclasses.dataclass
+class PSState:
+    params: dict                       # current weights (numpy), version `version`
+    opt_state: object
+    version: int
+    versions: dict                     # version -> weights still referenced (the stash)
+    pending: dict                      # epoch -> {(partition, interval): {stage name: grads}}
+
+
+def flatten(params: dict) -> dict[str, np.ndarray]:
+    return {f"{k}/{n}": np.asarray(v) for k, p in params.items() for n, v in p.items()}
+
+
+def unflatten(flat: dict[str, np.ndarray]) -> dict:
+    out: dict = {}
+    for key, v in flat.items():
+        stage, name = key.split("/", 1)
+        out.setdefault(stage, {})[name] = v
+    return out
+
+
+def init(params: dict, tx: optax.GradientTransformation) -> PSState:
+    params = jax.tree_util.tree_map(np.asarray, params)
+    return PSState(params, tx.init(params), 0, {0: params}, {})
+
+
+def _sum_in_order(parts: list[dict]) -> dict:
+    """Sum gradient trees in a fixed order, so floating-point results do not depend on arrival order."""
+    total = jax.tree_util.tree_map(np.array, parts[0])
+    for p in parts[1:]:
+        total = jax.tree_util.tree_map(np.add, total, p)
+    return total
+
+
+def apply_epoch(state: PSState, tx, epoch: int, expected: list, param_stages: list[str], mode: str,
+                keep_from: int) -> PSState:
+    """WU for one complete epoch: sync sums every interval's gradients and steps once; async steps once per
+    interval, in (partition, interval) order. Then publish version epoch+1 and drop versions below keep_from."""
+    got = state.pending.pop(epoch)
+    per_interval = []
+    for key in expected:
+        stages = got[key]
+        per_interval.append({name: stages[name] for name in param_stages if name in stages})
+    params, opt_state = state.params, state.opt_state
+    if mode == "sync":
+        grads = _sum_in_order(per_interval)
+        grads = {k: grads.get(k, jax.tree_util.tree_map(np.zeros_like, params[k])) for k in params}
+        updates, opt_state = tx.update(grads, opt_state, params)
+        params = optax.apply_updates(params, updates)
+    else:
+        for g in per_interval:
+            g = {k: g.get(k, jax.tree_util.tree_map(np.zeros_like, params[k])) for k in params}
+            updates, opt_state = tx.update(g, opt_state, params)
+            params = optax.apply_updates(params, updates)
+    params = jax.tree_util.tree_map(np.asarray, params)
+    versions = {v: w for v, w in state.versions.items() if v >= keep_from}
+    versions[epoch + 1] = params
+    return PSState(params, opt_state, epoch + 1, versions, state.pending)
+
+
+class ParameterServer:
+    """The WU role: collects dW messages, applies them when an epoch is complete, broadcasts versions."""
+
+    def __init__(self, transport, params: dict, tx, *, partitions: int, intervals: int, param_stages: list[str],
+                 mode: str, staleness: int | None, epochs: int, on_version=None):
+        self.t = transport
+        self.tx = tx
+        self.state = init(params, tx)
+        self.expected = [(p, i) for p in range(partitions) for i in range(intervals)]
+        self.param_stages = param_stages
+        self.mode = mode
+        self.S = staleness or 0
+        self.epochs = epochs
+        self.partitions = partitions
+        self.intervals = intervals
+        self.on_version = on_version
+        self.busy_s = 0.0
+        self.updates = 0
+        self.error: BaseException | None = None
+        self._stop = threading.Event()
+        self._consumer = transport.consumer([(M.GRADS, 0), (M.CONTROL, 0)], group="param-server")
+        self._lock = threading.Lock()
+
+    def weights(self, version: int) -> dict:
+        with self._lock:
+            if version not in self.state.versions:
+                raise EngineError(f"weight version {version} does not exist (stashed: "
+                                  f"{sorted(self.state.versions)})")
+            return self.state.versions[version]
+
+    def publish(self, version: int) -> None:
+        w = self.weights(version)
+        keep = min(self.state.versions)
+        msg = Message("WEIGHTS", version - 1, -1, -1, 0, version, arrays=flatten(w), meta={"retire_below": keep})
+        self.t.send(M.WEIGHTS, 0, msg)
+        if self.on_version:
+            self.on_version(version, w)
+
+    def handle(self, msg: Message) -> None:
+        if msg.kind == "STOP":
+            self._stop.set()
+            return
+        if msg.kind != "GRAD":
+            raise EngineError(f"parameter server got an unexpected {msg.kind} message")
+        e = msg.epoch
+        if msg.version not in self.state.versions:
+            raise EngineError(f"gradient of epoch {e} computed with weight version {msg.version}, "
+                              f"which does not exist")
+        if e < self.state.version:
+            return  # a relaunched task's duplicate, for an epoch already applied
+        slot = self.state.pending.setdefault(e, {}).setdefault((msg.partition, msg.interval), {})
+        stage = msg.meta["stage_name"]
+        if stage in slot:
+            return  # duplicate from a relaunched straggler
+        slot[stage] = unflatten(msg.arrays)[stage] if "/" in next(iter(msg.arrays), "") else msg.arrays
+        self._maybe_apply()
+
+    def _complete(self, e: int) -> bool:
+        got = self.state.pending.get(e, {})
+        if len(got) < len(self.expected):
+            return False
+        return all(len(got[k]) == len(self.param_stages) for k in self.expected)
+
+    def _maybe_apply(self) -> None:
+        while self._complete(self.state.version):
+            e = self.state.version
+            t0 = time.perf_counter()
+            # Versions still needed: those of epochs that may still be running backward passes (stashing).
+            keep_from = max(0, e + 1 - self.S)
+            with self._lock:
+                self.state = apply_epoch(self.state, self.tx, e, self.expected, self.param_stages, self.mode,
+                                         keep_from)
+            self.busy_s += time.perf_counter() - t0
+            self.updates += 1 if self.mode == "sync" else len(self.expected)
+            self.publish(e + 1)
+
+    def run(self) -> None:
+        try:
+            self.publish(0)
+            while not self._stop.is_set():
+                for msg in self._consumer.poll(0.05):
+                    self.handle(msg)
+                self._consumer.commit()
+        except BaseException as e:  # surfaced by the runner
+            self.error = e
+        finally:
+            self._consumer.close()
+
+    def stop(self) -> None:
+        self._stop.set()

@@ -1,0 +1,166 @@
+"""Tensor workers: the `TensorWorker` interface and the local pool backend (threads), with fault injection."""
+from __future__ import annotations
+
+import abc
+import threading
+import time
+
+import numpy as np
+
+from ops import models
+from ops.tasks import run_tensor_task
+from pipelines.engine import messages as M
+from pipelines.engine.messages import EngineError, Message
+from pipelines.engine.param_server import flatten, unflatten
+
+
+class WeightCache:
+    """Weight versions a worker has seen on the weights channel, minus those the parameter server retired."""
+
+    def __init__(self):
+        self._versions: dict[int, dict] = {}
+        self._retired_below = 0
+        self._cv = threading.Condition()
+
+    def put(self, msg: Message) -> None:
+        with self._cv:
+            self._versions[msg.version] = unflatten(msg.arrays)
+            self._retired_below = max(self._retired_below, int(msg.meta.get("retire_below", 0)))
+            for v in [v for v in self._versions if v < self._retired_below]:
+                del self._versions[v]
+            self._cv.notify_all()
+
+    def get(self, version: int, timeout: float) -> dict:
+        deadline = time.monotonic() + timeout
+        with self._cv:
+            while version not in self._versions:
+                if version < self._retired_below:
+                    raise EngineError(f"weight version {version} does not exist (retired; the stash keeps "
+                                      f">= {self._retired_below})")
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise EngineError(f"weight version {version} does not exist (not published within "
+                                      f"{timeout:.0f}s)")
+                self._cv.wait(left)
+            return self._versions[version]
+
+
+class TensorWorker(abc.ABC):
+    """Runs tensor tasks (AV, AE, LAST, LOSS, AV_BWD, AE_BWD) sent on the tensor channel; replies on the graph
+    server's result channel and sends dW to the parameter server. Backends: local pool, AWS Lambda."""
+
+    @abc.abstractmethod
+    def start(self) -> None: ...
+
+    @abc.abstractmethod
+    def stop(self) -> None: ...
+
+    def stats(self) -> dict:
+        return {}
+
+
+def execute(model: models.Model, msg: Message, params: dict) -> tuple[Message, dict | None]:
+    """Run a task message against a weight version; returns the reply for the graph server and the dW (if any)."""
+    arrays, grads, scalars = run_tensor_task(model, msg.kind, msg.stage, params, msg.arrays, msg.meta)
+    reply = Message(msg.kind, msg.epoch, msg.stage, msg.interval, msg.partition, msg.version,
+                    arrays={k: np.asarray(v) for k, v in arrays.items()},
+                    meta={"attempt": msg.meta.get("attempt", 0), **scalars})
+    return reply, (flatten(grads) if grads else None)
+
+
+class LocalPool(TensorWorker):
+    """A pool of worker threads on this machine (JAX releases the GIL while it computes).
+
+    Fault injection for tests and benchmarks: each task fails with probability `fail_rate` (the reply is an
+    error, as a crashed Lambda's would be) or is delayed by an exponential time of mean `delay_s` with
+    probability `delay_rate`, so the graph servers' straggler relaunch can be exercised.
+    """
+
+    def __init__(self, transport, model_spec: dict, size: int, *, fail_rate: float = 0.0, delay_rate: float = 0.0,
+                 delay_s: float = 0.0, seed: int = 0, weight_timeout: float = 120.0):
+        self.t = transport
+        self.model = models.from_spec(model_spec)
+        self.size = size
+        self.fail_rate, self.delay_rate, self.delay_s = fail_rate, delay_rate, delay_s
+        self.rng = np.random.default_rng(seed + 7919)
+        self.rng_lock = threading.Lock()
+        self.weights = WeightCache()
+        self.weight_timeout = weight_timeout
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self.busy_s = 0.0
+        self.tasks = 0
+        self.failed = 0
+        self.delayed = 0
+        self.error: BaseException | None = None
+        self._lock = threading.Lock()
+
+    def start(self) -> None:
+        wc = self.t.consumer([(M.WEIGHTS, 0)], group=f"tensor-pool-weights-{id(self)}")
+        self._threads.append(threading.Thread(target=self._weights_loop, args=(wc,), daemon=True,
+                                              name="tensor-weights"))
+        for k in range(self.size):
+            c = self.t.consumer([(M.TENSOR_TASKS, 0)], group="tensor-workers")
+            self._threads.append(threading.Thread(target=self._loop, args=(c,), daemon=True, name=f"tensor-{k}"))
+        for th in self._threads:
+            th.start()
+
+    def _weights_loop(self, consumer) -> None:
+        while not self._stop.is_set():
+            for msg in consumer.poll(0.05):
+                self.weights.put(msg)
+
+    def _draw(self) -> tuple[bool, float]:
+        with self.rng_lock:
+            fail = self.rng.random() < self.fail_rate
+            delay = self.rng.exponential(self.delay_s) if (self.delay_s > 0 and self.rng.random() < self.delay_rate) \
+                else 0.0
+        return fail, delay
+
+    def _loop(self, consumer) -> None:
+        while not self._stop.is_set():
+            for msg in consumer.poll(0.05, max_messages=1):
+                try:
+                    self._run(msg)
+                except EngineError as e:
+                    self.error = e
+                    self.t.send(M.TENSOR_RESULTS, msg.partition, msg.replace(kind="ERROR", arrays={},
+                                                                              meta={**msg.meta, "error": str(e),
+                                                                                    "task": msg.kind}))
+
+    def _run(self, msg: Message) -> None:
+        fail, delay = self._draw()
+        if fail:
+            with self._lock:
+                self.failed += 1
+            self.t.send(M.TENSOR_RESULTS, msg.partition, msg.replace(
+                kind="ERROR", arrays={}, meta={**msg.meta, "error": "injected failure", "task": msg.kind,
+                                               "retryable": True}))
+            return
+        params = self.weights.get(msg.version, self.weight_timeout)
+        t0 = time.perf_counter()
+        reply, grads = execute(self.model, msg, params)
+        dt = time.perf_counter() - t0
+        if delay:
+            with self._lock:
+                self.delayed += 1
+            time.sleep(delay)
+        with self._lock:
+            self.busy_s += dt
+            self.tasks += 1
+        if grads is not None:
+            gmsg = Message("GRAD", msg.epoch, msg.stage, msg.interval, msg.partition, msg.version, arrays=grads)
+            for name in {k.split("/", 1)[0] for k in grads}:
+                sub = {k: v for k, v in grads.items() if k.startswith(name + "/")}
+                self.t.send(M.GRADS, 0, gmsg.replace(arrays=sub, meta={"stage_name": name}))
+        reply.meta["busy_s"] = dt
+        self.t.send(M.TENSOR_RESULTS, msg.partition, reply)
+
+    def stop(self) -> None:
+        self._stop.set()
+        for th in self._threads:
+            th.join(timeout=5)
+
+    def stats(self) -> dict:
+        return {"workers": self.size, "tasks": self.tasks, "busy_s": self.busy_s, "injected_failures": self.failed,
+                "injected_delays": self.delayed}
