@@ -19,6 +19,9 @@ def test_read_edges_formats(tmp_path):
         p.write_text(text)
         src, dst = read_edges(p)
         assert src.tolist() == [0, 1, 2] and dst.tolist() == [1, 2, 0], fname
+    crlf = tmp_path / "d.csv"
+    crlf.write_bytes(b"\xef\xbb\xbf0,1\r\n1,2\r\n2,0\r\n")  # UTF-8 BOM and Windows line ends
+    assert read_edges(crlf)[0].tolist() == [0, 1, 2]
     empty = tmp_path / "e.csv"
     empty.write_text("# nothing\n")
     assert read_edges(empty)[0].size == 0

@@ -39,7 +39,7 @@ SPLIT_NAMES = {"train": 0, "val": 1, "valid": 1, "validation": 1, "test": 2}
 
 def _data_lines(path: Path):
     """Yield (line number, tokens-string) of every non-blank line with comments stripped."""
-    with open(path, "r", encoding="utf-8", errors="replace") as f:
+    with open(path, "r", encoding="utf-8-sig", errors="replace") as f:
         for lineno, line in enumerate(f, start=1):
             body = line.split("#", 1)[0].strip()
             if body:
@@ -100,7 +100,7 @@ def read_edges(path: str | Path) -> tuple[np.ndarray, np.ndarray]:
         # NumPy's C reader is ~100x faster than a Python loop; it only reports data-row numbers, so on
         # failure we rescan in Python to name the physical line.
         arr = np.loadtxt(path, dtype=np.int64, comments="#", delimiter=delimiter, skiprows=header_line,
-                         ndmin=2, encoding="utf-8")
+                         ndmin=2, encoding="utf-8-sig")
     except ValueError:
         arr = None
     if arr is None or arr.shape[1] != 2 or (arr.size and arr.min() < 0):

@@ -5,7 +5,7 @@ A dataset spec is one of:
 - None or "": the default synthetic graph, `planted_partition()` (3000 nodes, 7 classes; see synthetic.py).
 - a known name: cora, citeseer (Planetoid, public split), cora-ml, amazon-computers, coauthor-cs
   (gnn-benchmark npz, seeded 20/30-per-class split). Every file is checked against its sha256 first.
-- `synthetic:planted?nodes=3000&classes=7&degree=8&homophily=0.5&features=128&noise=0.9`
+- `synthetic:planted?nodes=3000&classes=7&degree=8&homophily=0.55&features=128&noise=0.8`
 - `synthetic:rmat?scale=16&edges=1000000&a=0.57&b=0.19&c=0.19&features=32&classes=8` (or `nodes=` for scale)
   Both take `train=`/`val=` (nodes per class, default 20/30) and `seed=` (overrides the seed argument).
 - a path, with the format taken from its shape:
