@@ -74,5 +74,7 @@ def test_specs_and_bad_arguments():
     assert load_dataset(None).summary() == planted_partition().summary()
     with pytest.raises(DataError, match="do not fit"):
         planted_partition(num_nodes=10, avg_degree=20)
+    with pytest.raises(DataError, match=r"feature_noise in \[0, 1\]"):
+        planted_partition(feature_noise=1.5)
     with pytest.raises(DataError, match="probabilities"):
         rmat(scale=4, a=0.9, b=0.2)
