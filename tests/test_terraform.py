@@ -298,8 +298,8 @@ def test_checkov_skips_carry_reasons():
 
 def test_checkov_passes():
     checkov = _find_checkov()
-    if checkov is None:
-        pytest.fail("checkov not found: run `bash infra/tools/install_checkov.sh` (or set DORYLUS_CHECKOV)")
+    if checkov is None or not (Path(checkov).is_file() or shutil.which(checkov)):
+        pytest.fail(f"checkov not found ({checkov}): run `bash infra/tools/install_checkov.sh` (or set DORYLUS_CHECKOV)")
     env = dict(os.environ)
     env.update(BC_SKIP_MAPPING="TRUE", LOG_LEVEL="WARNING")
     env.pop("CHECKOV_NO_OUTPUT", None)

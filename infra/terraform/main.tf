@@ -99,6 +99,7 @@ module "tensor_workers" {
   kafka_bootstrap      = module.kafka.bootstrap_brokers
   kafka_auth           = var.kafka_auth
   kafka_topic_prefix   = var.kafka_topic_prefix
+  kafka_secret_arns    = var.kafka_auth == "scram" ? var.msk_scram_secret_arns : []
   force_delete         = var.force_destroy
 }
 
@@ -129,6 +130,7 @@ module "compute" {
   lambda_function_arn        = module.tensor_workers.function_arn
   msk_cluster_arn            = module.kafka.cluster_arn
   kafka_topic_prefix         = var.kafka_topic_prefix
+  kafka_secret_arns          = var.kafka_auth == "scram" ? var.msk_scram_secret_arns : []
   user_data_template         = "${path.module}/templates/server.sh.tftpl"
   graph_server_command       = var.graph_server_command
   param_server_command       = var.param_server_command
@@ -139,6 +141,7 @@ module "compute" {
     AWS_DEFAULT_REGION         = var.region
     DORYLUS_BOOTSTRAP          = module.kafka.bootstrap_brokers
     DORYLUS_KAFKA_AUTH         = var.kafka_auth
+    DORYLUS_KAFKA_SECRET_ARN   = var.kafka_auth == "scram" ? try(var.msk_scram_secret_arns[0], "") : ""
     DORYLUS_TOPIC_PREFIX       = var.kafka_topic_prefix
     DORYLUS_BUCKET             = module.storage.bucket_name
     DORYLUS_RUNS_URI           = "s3://${module.storage.bucket_name}/${var.runs_prefix}"

@@ -181,12 +181,12 @@ variable "kafka_broker_volume_gb" {
 
 variable "msk_scram_secret_arns" {
   type        = list(string)
-  description = "Secrets Manager secret ARNs (names starting with AmazonMSK_, encrypted with a customer-managed KMS key) to associate with the MSK cluster when kafka_auth is \"scram\"."
+  description = "Secrets Manager secrets with SASL/SCRAM credentials when kafka_auth is \"scram\": associated with the MSK cluster it creates (names must start with AmazonMSK_ and the secrets be encrypted with a customer-managed key, e.g. this deployment's kms_key_arn), and readable by the servers and the Lambdas (the first one is handed to them as DORYLUS_KAFKA_SECRET_ARN)."
   default     = []
 
   validation {
-    condition     = alltrue([for a in var.msk_scram_secret_arns : can(regex("^arn:[a-z-]+:secretsmanager:[a-z0-9-]+:[0-9]{12}:secret:AmazonMSK_", a))])
-    error_message = "Every SCRAM secret ARN must be a Secrets Manager secret whose name starts with AmazonMSK_."
+    condition     = alltrue([for a in var.msk_scram_secret_arns : can(regex("^arn:[a-z-]+:secretsmanager:[a-z0-9-]+:[0-9]{12}:secret:.+$", a))])
+    error_message = "Every SCRAM secret must be a Secrets Manager secret ARN."
   }
 }
 

@@ -169,11 +169,17 @@ run "existing_kafka" {
     existing_kafka_bootstrap   = "kafka-1.internal:9096,kafka-2.internal:9096"
     existing_kafka_cidr_blocks = ["10.50.0.0/24"]
     kafka_auth                 = "scram"
+    msk_scram_secret_arns      = ["arn:aws:secretsmanager:us-east-1:123456789012:secret:kafka-creds-AbCdEf"]
   }
 
   assert {
     condition     = output.kafka_bootstrap_brokers == "kafka-1.internal:9096,kafka-2.internal:9096" && output.kafka_cluster_arn == ""
     error_message = "With an existing cluster the bootstrap output must be the given string."
+  }
+
+  assert {
+    condition     = strcontains(module.compute.user_data["graph_server-0"], "DORYLUS_KAFKA_SECRET_ARN=arn:aws:secretsmanager:us-east-1:123456789012:secret:kafka-creds-AbCdEf")
+    error_message = "With SCRAM auth the servers must be told where their credentials are."
   }
 }
 

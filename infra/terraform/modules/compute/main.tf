@@ -220,6 +220,15 @@ data "aws_iam_policy_document" "server" {
       resources = [local.msk_group_arn]
     }
   }
+
+  dynamic "statement" {
+    for_each = length(var.kafka_secret_arns) > 0 ? [1] : []
+    content {
+      sid       = "KafkaScramCredentials"
+      actions   = ["secretsmanager:GetSecretValue", "secretsmanager:DescribeSecret"]
+      resources = var.kafka_secret_arns
+    }
+  }
 }
 
 resource "aws_iam_role_policy" "server" {

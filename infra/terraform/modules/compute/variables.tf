@@ -137,3 +137,9 @@ variable "environment" {
   type        = map(string)
   description = "Environment common to every server process, written to /etc/dorylus/env."
 }
+
+variable "kafka_secret_arns" {
+  type        = list(string)
+  description = "Secrets Manager secrets with SASL/SCRAM credentials that the role may read (empty for IAM auth)."
+  default     = []
+}

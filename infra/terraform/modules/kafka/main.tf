@@ -94,4 +94,11 @@ resource "aws_msk_scram_secret_association" "this" {
 
   cluster_arn     = aws_msk_cluster.this[0].arn
   secret_arn_list = var.scram_secret_arns
+
+  lifecycle {
+    precondition {
+      condition     = alltrue([for a in var.scram_secret_arns : startswith(split(":", a)[6], "AmazonMSK_")])
+      error_message = "MSK only accepts SCRAM secrets whose names start with AmazonMSK_."
+    }
+  }
 }

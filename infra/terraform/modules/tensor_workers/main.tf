@@ -209,6 +209,15 @@ data "aws_iam_policy_document" "this" {
       resources = [local.msk_group_arn]
     }
   }
+
+  dynamic "statement" {
+    for_each = length(var.kafka_secret_arns) > 0 ? [1] : []
+    content {
+      sid       = "KafkaScramCredentials"
+      actions   = ["secretsmanager:GetSecretValue", "secretsmanager:DescribeSecret"]
+      resources = var.kafka_secret_arns
+    }
+  }
 }
 
 resource "aws_iam_role_policy" "this" {
@@ -251,11 +260,12 @@ resource "aws_lambda_function" "this" {
 
   environment {
     variables = {
-      DORYLUS_BUCKET       = var.bucket_name
-      DORYLUS_S3_PREFIX    = var.s3_prefix
-      DORYLUS_BOOTSTRAP    = var.kafka_bootstrap
-      DORYLUS_KAFKA_AUTH   = var.kafka_auth
-      DORYLUS_TOPIC_PREFIX = var.kafka_topic_prefix
+      DORYLUS_BUCKET           = var.bucket_name
+      DORYLUS_S3_PREFIX        = var.s3_prefix
+      DORYLUS_BOOTSTRAP        = var.kafka_bootstrap
+      DORYLUS_KAFKA_AUTH       = var.kafka_auth
+      DORYLUS_TOPIC_PREFIX     = var.kafka_topic_prefix
+      DORYLUS_KAFKA_SECRET_ARN = try(var.kafka_secret_arns[0], "")
     }
   }
 

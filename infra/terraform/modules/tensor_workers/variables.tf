@@ -100,3 +100,9 @@ variable "force_delete" {
   description = "Let terraform destroy delete the ECR repository even when it holds images."
   default     = false
 }
+
+variable "kafka_secret_arns" {
+  type        = list(string)
+  description = "Secrets Manager secrets with SASL/SCRAM credentials that the role may read (empty for IAM auth)."
+  default     = []
+}
