@@ -26,6 +26,8 @@ class PSState:
     version: int
     versions: dict                     # version -> weights still referenced (the stash)
     pending: dict                      # epoch -> {(partition, interval): {stage name: grads}}
+    latest: dict = dataclasses.field(default_factory=dict)   # async: each interval's last gradient
+    total: dict | None = None                                # async: their running sum
 
 
 def flatten(params: dict) -> dict[str, np.ndarray]:
@@ -69,14 +71,20 @@ def apply_epoch(state: PSState, tx, epoch: int, expected: list, param_stages: li
         updates, opt_state = tx.update(grads, opt_state, params)
         params = optax.apply_updates(params, updates)
     else:
-        for g in per_interval:
-            g = {k: g.get(k, jax.tree_util.tree_map(np.zeros_like, params[k])) for k in params}
-            updates, opt_state = tx.update(g, opt_state, params)
+        # Per interval, SAG style (Schmidt et al. 2017): the interval's new gradient replaces its previous one in a
+        # running total, and each step follows the total, so K small steps per epoch stay as stable as one.
+        zeros = jax.tree_util.tree_map(np.zeros_like, params)
+        for key, g in zip(expected, per_interval):
+            g = {k: g.get(k, zeros[k]) for k in params}
+            old = state.latest.get(key, zeros)
+            state.total = jax.tree_util.tree_map(lambda t, n, o: t + n - o, state.total or zeros, g, old)
+            state.latest[key] = g
+            updates, opt_state = tx.update(state.total, opt_state, params)
             params = optax.apply_updates(params, updates)
     params = jax.tree_util.tree_map(np.asarray, params)
     versions = {v: w for v, w in state.versions.items() if v >= keep_from}
     versions[epoch + 1] = params
-    return PSState(params, opt_state, epoch + 1, versions, state.pending)
+    return PSState(params, opt_state, epoch + 1, versions, state.pending, state.latest, state.total)
 
 
 class ParameterServer:
