@@ -193,16 +193,21 @@ def test_file_and_metis_partitioners_and_parquet_features(tmp_path):
     perm = np.random.default_rng(0).permutation(N)
     pq.write_table(pa.table({"vertex": perm, **{f"f{j}": inp["x"][perm, j] for j in range(F)}}),
                    tmp_path / "x.parquet")
+    # Parquet labels: shuffled `node` id column, nulls = unlabelled
+    y = inp["y"]
+    pq.write_table(pa.table({"node": perm, "label": pa.array([None if y[v] < 0 else int(y[v]) for v in perm],
+                                                             pa.int32())}), tmp_path / "y.parquet")
     parts = np.random.default_rng(1).integers(0, 2, size=N)
     (tmp_path / "g.part.2").write_text("".join(f"{p}\n" for p in parts))
     m = prepare.run(["--edges", inp["edges"], "--features", str(tmp_path / "x.parquet"), "--partitions", "2",
-                     "--partitioner", "file", "--assignment", str(tmp_path / "g.part.2"),
-                     "--out", str(tmp_path / "file")])
-    assert m["feature_dim"] == F and m["num_classes"] == 0
+                     "--labels", str(tmp_path / "y.parquet"), "--partitioner", "file",
+                     "--assignment", str(tmp_path / "g.part.2"), "--out", str(tmp_path / "file")])
+    assert m["feature_dim"] == F and m["num_classes"] == C and m["split"] is None
     np.testing.assert_array_equal(shards.partition_assignment(tmp_path / "file"), parts)
     p = shards.load_prepared(tmp_path / "file")
     np.testing.assert_array_equal(p.features, inp["x"])
-    assert (p.labels == -1).all() and not p.train_mask.any()
+    np.testing.assert_array_equal(p.labels, y)
+    assert not p.train_mask.any()
 
     prepare.run(["--edges", inp["edges"], "--partitions", "2", "--partitioner", "metis",
                  "--out", str(tmp_path / "metis")])
@@ -227,7 +232,7 @@ def test_cli_module_exit_status(tmp_path):
     r = subprocess.run([sys.executable, "-m", "pipelines.prepare", "--edges", inp["edges"], "--features",
                         str(tmp_path / "x9.npy"), "--num-nodes", "14", "--out", str(tmp_path / "out")],
                        cwd=REPO, capture_output=True, text=True, timeout=120)
-    assert r.returncode == 1
+    assert r.returncode == 2
     assert "prepare: error:" in r.stderr and "9 rows" in r.stderr
     assert not (tmp_path / "out").exists()
 
@@ -251,9 +256,10 @@ def _tables(root: Path) -> dict:
 
 
 @pytest.mark.flink
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")  # LOOPBACK data-plane hang-up
 def test_flink_runner_matches_direct_runner(prepared, tmp_path):
     try:
-        flink_flags = runner_options("flink", ["--parallelism=2"])
+        flink_flags = runner_options("flink", ["--parallelism=2"], shared_job_server=True)
     except RunnerUnavailable as e:
         if os.environ.get("CI"):
             pytest.fail(f"CI is set but the Flink job server is unavailable: {e}")
@@ -266,3 +272,20 @@ def test_flink_runner_matches_direct_runner(prepared, tmp_path):
     got, want = _tables(tmp_path / "flink"), _tables(d / "out")
     assert got["manifest"] == want["manifest"]   # includes every shard's sha256
     assert got["edges"] == want["edges"] and got["vertices"] == want["vertices"]
+
+
+def test_dorylus_prepare_subcommand_with_gzip_edges(tmp_path, capsys):
+    import gzip
+
+    from pipelines import cli
+
+    pairs = _edges()
+    with gzip.open(tmp_path / "e.tsv.gz", "wt") as f:
+        f.write("# gzipped\n" + "".join(f"{u}\t{v}\n" for u, v in pairs))
+    rc = cli.main(["prepare", "--edges", str(tmp_path / "e.tsv.gz"), "--num-nodes", str(N), "--partitions", "2",
+                   "--out", str(tmp_path / "out"), "--runner=DirectRunner"])
+    assert rc == 0
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["num_nodes"] == N
+    src, dst = np.array(pairs).T
+    assert (shards.load_prepared(tmp_path / "out").adj != clean_adjacency(src, dst, N)).nnz == 0
+    assert cli.main(["prepare", "--edges", str(tmp_path / "e.tsv.gz"), "--out", str(tmp_path / "out")]) == 2

@@ -61,12 +61,13 @@ def test_flink_flags_from_cache_pointer(tmp_path, monkeypatch):
 
 
 @pytest.mark.flink
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")  # LOOPBACK data-plane hang-up
 def test_trivial_pipeline_on_flink():
     import apache_beam as beam
     from apache_beam.testing.util import assert_that, equal_to
 
     try:
-        flags = runner_options("flink", [])
+        flags = runner_options("flink", [], shared_job_server=True)
     except RunnerUnavailable as e:
         if os.environ.get("CI"):
             pytest.fail(f"CI is set but the Flink job server is unavailable: {e}")

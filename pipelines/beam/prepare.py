@@ -220,8 +220,8 @@ class _ReadEdgeFile(beam.DoFn):
             yield from self._parquet(readable, path)
             return
         first = True
-        with readable.open() as f:
-            for lineno, raw in enumerate(f, start=1):
+        with readable.open() as f:   # Beam's CompressedFile (.gz, ...) has readline but no __iter__
+            for lineno, raw in enumerate(iter(f.readline, b""), start=1):
                 body = raw.decode("utf-8", errors="replace").split("#", 1)[0].strip()
                 if not body:
                     continue
@@ -1200,11 +1200,13 @@ def run(argv: list[str] | None = None) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    from pipelines.beam.runners import RunnerUnavailable
+
     try:
         manifest = run(argv)
-    except DataError as e:
+    except (DataError, RunnerUnavailable) as e:   # one line, exit 2: the convention of the `dorylus` CLI
         print(f"prepare: error: {e}", file=sys.stderr)
-        return 1
+        return 2
     print(json.dumps({k: manifest[k] for k in ("num_nodes", "num_edges", "feature_dim", "num_classes",
                                                "partitions")} | {"out": str(Path(manifest["flags"]["out"]))}))
     return 0

@@ -73,8 +73,40 @@ def _flink_version_of(jar: str) -> str:
     return DEFAULT_FLINK_VERSION
 
 
+_shared = {}   # jar -> (job server, endpoint): one Flink job server per process when shared_job_server=True
+
+
+def shared_flink_job_endpoint(flags: Sequence[str]) -> str:
+    """Start (once per process, stopped at exit) the Flink job server that ``flags`` describe; its endpoint.
+
+    Each FlinkRunner pipeline otherwise starts its own job-server JVM (several seconds) and keeps it running
+    until this process exits."""
+    import atexit
+
+    from apache_beam.options.pipeline_options import FlinkRunnerOptions, PipelineOptions
+    from apache_beam.runners.portability.flink_runner import FlinkJarJobServer
+
+    class _Server(FlinkJarJobServer):
+        endpoint = None
+
+        def subprocess_cmd_and_endpoint(self):
+            cmd, endpoint = super().subprocess_cmd_and_endpoint()
+            self.endpoint = endpoint
+            return cmd, endpoint
+
+    options = PipelineOptions(list(flags))
+    jar = options.view_as(FlinkRunnerOptions).flink_job_server_jar
+    if jar not in _shared:
+        server = _Server(options)
+        server.start()   # returns once the job service answers
+        atexit.register(server.stop)
+        _shared[jar] = (server, server.endpoint)
+    return _shared[jar][1]
+
+
 def runner_options(runner: str, extra_argv: Sequence[str] = (), *, num_workers: int | None = None,
-                   parallelism: int | None = None, quiet_job_server: bool = True) -> list[str]:
+                   parallelism: int | None = None, quiet_job_server: bool = True,
+                   shared_job_server: bool = False) -> list[str]:
     """Beam pipeline flags for ``runner`` ('direct' or 'flink'), then ``extra_argv``.
 
     direct: ``--runner=DirectRunner``; with ``num_workers`` > 1 also
@@ -82,6 +114,8 @@ def runner_options(runner: str, extra_argv: Sequence[str] = (), *, num_workers: 
     flink: ``--runner=FlinkRunner --flink_master=[local] --environment_type=LOOPBACK
         --flink_job_server_jar=JAR --flink_version=X.Y`` (+ ``--parallelism=N`` when given; Flink's
         local default is otherwise used). Raises RunnerUnavailable when no jar is found.
+        ``shared_job_server=True`` starts the job server now, once per process, and adds
+        ``--job_endpoint=localhost:PORT`` so that every pipeline of this process reuses it.
     """
     runner = runner.lower().removesuffix("runner")
     extra = list(extra_argv or ())
@@ -104,5 +138,7 @@ def runner_options(runner: str, extra_argv: Sequence[str] = (), *, num_workers: 
         if quiet_job_server:
             # slf4j-simple (assembled job server) logs every Flink INFO line otherwise
             flags.append("--job_server_jvm_property=-Dorg.slf4j.simpleLogger.defaultLogLevel=warn")
+        if shared_job_server:
+            flags.append(f"--job_endpoint={shared_flink_job_endpoint(flags)}")
         return flags + extra
     raise ValueError(f"unknown runner {runner!r}; expected one of {', '.join(RUNNERS)}")
