@@ -62,7 +62,7 @@ import shutil
 import sys
 import uuid
 from pathlib import Path
-from typing import Iterable, NamedTuple
+from typing import NamedTuple
 
 import numpy as np
 import pyarrow as pa
