@@ -19,6 +19,11 @@ Message types (schema metadata ``dorylus.type``) and their columns:
 ``watermark``     one row per mark: ``producer: string``, ``partition: int32``, ``epoch: int64``,
                   ``layer: int32``, ``channel: string``.
 ``control``       one row: ``command: string``, ``args: string`` (a JSON object).
+``tensor_batch``  named tensors of any shape and numeric/bool dtype (a tensor task's inputs or results, e.g.
+                  features, CSR block arrays, labels and masks together): exactly one row, one column per
+                  tensor of type ``large_list<T>`` holding the row-major values (``T`` the tensor's Arrow type:
+                  float16/32/64, int8..64, uint8..64, bool) and the field metadata ``dorylus.shape`` (JSON list;
+                  ``[]`` for a scalar). Decoded arrays keep their dtype (zero-copy except bool).
 
 Routing fields live in the schema metadata (all values are UTF-8 strings):
 
@@ -65,6 +70,8 @@ __all__ = [
     "edge_block",
     "gradients",
     "weights",
+    "tensor_batch",
+    "TENSOR_BATCH_DTYPES",
     "encode",
     "encode_buffer",
     "decode",
@@ -86,6 +93,7 @@ K_SCHEMA_VERSION = "dorylus.schema_version"
 K_TYPE = "dorylus.type"
 K_META = "dorylus.meta"
 K_ROW_SHAPE = "dorylus.row_shape"
+K_SHAPE = "dorylus.shape"
 ROUTING_FIELDS = ("run_id", "kind", "epoch", "layer", "interval", "partition", "version")
 _INT_ROUTING = ("epoch", "layer", "interval", "partition", "version")
 
@@ -106,6 +114,7 @@ class MessageType(str, Enum):
     WEIGHTS = "weights"
     WATERMARK = "watermark"
     CONTROL = "control"
+    TENSOR_BATCH = "tensor_batch"
 
     def __str__(self) -> str:  # "vertex_block", not "MessageType.VERTEX_BLOCK"
         return self.value
@@ -275,6 +284,19 @@ def weights(run_id: str, version: int, params: Mapping[str, np.ndarray], *, epoc
                     MessageType.WEIGHTS)
 
 
+def tensor_batch(kind: str, run_id: str, epoch: int, layer: int, interval: int, partition: int,
+                 tensors: Mapping[str, np.ndarray], version: int = -1,
+                 meta: Mapping[str, Any] | None = None) -> Envelope:
+    """An :class:`Envelope` of named tensors of any shape and dtype (see ``TENSOR_BATCH_DTYPES``)."""
+    return Envelope(kind, run_id, epoch, layer, interval, partition, version, dict(tensors), dict(meta or {}),
+                    MessageType.TENSOR_BATCH)
+
+
+#: numpy dtypes a tensor_batch carries, by the name used in errors
+TENSOR_BATCH_DTYPES = ("float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "uint16",
+                       "uint32", "uint64", "bool")
+
+
 # ------------------------------------------------------------------------------------------------------ encoding
 def _check_name(what: str, name: Any) -> str:
     if not isinstance(name, str) or not _NAME_RE.match(name):
@@ -370,6 +392,66 @@ def _params_batch(tensors: Mapping[str, np.ndarray]) -> pa.RecordBatch:
                                      type=PARAMS_SCHEMA.field("shape").type)
     return pa.RecordBatch.from_arrays([pa.array(names, type=pa.string()), shape, data], schema=PARAMS_SCHEMA)
 
+_ARROW_TO_DTYPE = {str(pa.from_numpy_dtype(np.dtype(d))): np.dtype(d) for d in TENSOR_BATCH_DTYPES}
+
+
+def _tensor_batch_batch(tensors: Mapping[str, np.ndarray], md: dict[str, str]) -> pa.RecordBatch:
+    if not tensors:
+        raise SchemaError("a tensor_batch needs at least one tensor")
+    fields, arrays = [], []
+    for name, x in tensors.items():
+        _check_name("tensor", name)
+        x = np.asarray(x)
+        if x.dtype.name not in TENSOR_BATCH_DTYPES:
+            raise SchemaError(f"tensor {name!r} has dtype {x.dtype}, a tensor_batch carries {TENSOR_BATCH_DTYPES}")
+        flat = np.ascontiguousarray(x).reshape(-1)
+        if flat.dtype.byteorder == ">":
+            flat = flat.astype(flat.dtype.newbyteorder("<"))
+        values = pa.array(flat, type=pa.from_numpy_dtype(flat.dtype))
+        offsets = pa.array(np.array([0, flat.size], np.int64))
+        typ = pa.large_list(pa.field("item", values.type, nullable=False))
+        arrays.append(pa.LargeListArray.from_arrays(offsets, values, type=typ))
+        fields.append(pa.field(name, typ, nullable=False,
+                               metadata={K_SHAPE: json.dumps([int(s) for s in x.shape])}))
+    return pa.RecordBatch.from_arrays(arrays, schema=pa.schema(fields, metadata=md))
+
+
+def _tensor_batch_tensors(batch: pa.RecordBatch) -> dict[str, np.ndarray]:
+    if batch.num_rows != 1:
+        raise SchemaError(f"a tensor_batch has exactly one row, got {batch.num_rows}")
+    out = {}
+    for i, field in enumerate(batch.schema):
+        name, col = field.name, batch.column(i)
+        t = col.type
+        if not (pa.types.is_large_list(t) or pa.types.is_list(t)):
+            raise SchemaError(f"tensor_batch column {name!r} has type {t}, expected large_list<T>")
+        dtype = _ARROW_TO_DTYPE.get(str(t.value_type))
+        if dtype is None:
+            raise SchemaError(f"tensor_batch column {name!r} has element type {t.value_type}, expected one of "
+                              f"{TENSOR_BATCH_DTYPES}")
+        fmeta = field.metadata or {}
+        if K_SHAPE.encode() not in fmeta:
+            raise SchemaError(f"tensor_batch column {name!r} has no {K_SHAPE} field metadata")
+        try:
+            shape = json.loads(fmeta[K_SHAPE.encode()])
+            ok = isinstance(shape, list) and all(isinstance(s, int) and not isinstance(s, bool) and s >= 0
+                                                 for s in shape)
+        except ValueError:
+            ok = False
+        if not ok:
+            raise SchemaError(f"tensor_batch column {name!r}: {K_SHAPE} must be a JSON list of non-negative ints, "
+                              f"got {fmeta[K_SHAPE.encode()]!r}")
+        _no_nulls(name, col)
+        values = col.flatten()
+        if values.null_count:
+            raise SchemaError(f"tensor_batch column {name!r} has {values.null_count} null elements")
+        if len(values) != math.prod(shape):
+            raise SchemaError(f"tensor {name!r}: declared shape {shape} needs {math.prod(shape)} values, "
+                              f"the column has {len(values)}")
+        arr = values.to_numpy(zero_copy_only=not pa.types.is_boolean(values.type))
+        out[name] = arr.reshape(shape)
+    return out
+
 
 def _envelope_batch(env: Envelope) -> pa.RecordBatch:
     try:
@@ -384,6 +466,8 @@ def _envelope_batch(env: Envelope) -> pa.RecordBatch:
         raise SchemaError(f"tensors must be a mapping of name -> array, got {type(env.tensors).__name__}")
     if mtype in (MessageType.GRADIENTS, MessageType.WEIGHTS):
         return _params_batch(env.tensors).replace_schema_metadata(md)
+    if mtype is MessageType.TENSOR_BATCH:
+        return _tensor_batch_batch(env.tensors, md)
     id_names = _ID_COLUMNS[mtype]
     fields, arrays = [], []
     ids = [_ids(n, getattr(env, n)) for n in id_names]
@@ -671,6 +755,8 @@ def _envelope_from(header: Header, batch: pa.RecordBatch) -> Envelope:
                   meta=header.meta, type=mtype)
     if mtype in (MessageType.GRADIENTS, MessageType.WEIGHTS):
         return Envelope(tensors=_params_tensors(mtype, batch), **common)
+    if mtype is MessageType.TENSOR_BATCH:
+        return Envelope(tensors=_tensor_batch_tensors(batch), **common)
     id_names = _ID_COLUMNS[mtype]
     ids = {n: _id_array(mtype, batch, n) for n in id_names}
     n = batch.num_rows
