@@ -132,11 +132,11 @@ class ParameterServer:
         if msg.kind != "GRAD":
             raise EngineError(f"parameter server got an unexpected {msg.kind} message")
         e = msg.epoch
+        if e < self.state.version and msg.version <= e:
+            return  # a relaunched task's duplicate, for an epoch already applied
         if msg.version not in self.state.versions:
             raise EngineError(f"gradient of epoch {e} computed with weight version {msg.version}, "
                               f"which does not exist")
-        if e < self.state.version:
-            return  # a relaunched task's duplicate, for an epoch already applied
         slot = self.state.pending.setdefault(e, {}).setdefault((msg.partition, msg.interval), {})
         stage = msg.meta["stage_name"]
         if stage in slot:

@@ -32,8 +32,8 @@ def assign(adj: sp.csr_matrix, parts: int, method: str, seed: int = 0) -> np.nda
         a.setdiag(0)
         a.eliminate_zeros()
         opts = pymetis.Options(seed=seed)
-        _, membership = pymetis.part_graph(parts, xadj=a.indptr.astype(np.int64), adjncy=a.indices.astype(np.int64),
-                                           options=opts)
+        csr = pymetis.CSRAdjacency(a.indptr.astype(np.int64), a.indices.astype(np.int64))
+        _, membership = pymetis.part_graph(parts, csr, options=opts)
         out = np.asarray(membership, np.int32)
         # METIS may leave a part empty on tiny or disconnected graphs; give it a vertex so every server has work.
         for p in range(parts):

@@ -123,7 +123,8 @@ class LocalPool(TensorWorker):
                 try:
                     self._run(msg)
                 except EngineError as e:
-                    self.error = e
+                    # A relaunched duplicate may ask for a version the stash already dropped; the graph server
+                    # ignores errors for tasks it no longer waits on and fails the run for those it does.
                     self.t.send(M.TENSOR_RESULTS, msg.partition, msg.replace(kind="ERROR", arrays={},
                                                                               meta={**msg.meta, "error": str(e),
                                                                                     "task": msg.kind}))

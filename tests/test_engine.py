@@ -1,0 +1,143 @@
+"""The separated engine: partitions, equivalence with the whole-graph trainer, staleness, faults, bad input."""
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+from pipelines.config import ConfigError, TrainConfig
+from pipelines.data.graph import gcn_normalize
+from pipelines.data.registry import load_dataset
+from pipelines.engine import messages as M
+from pipelines.engine.messages import EngineError, Message
+from pipelines.engine.partition import build_plan
+from pipelines.engine.runner import build_engine, train_engine
+from pipelines.train import train
+
+
+@pytest.fixture(scope="module")
+def cora(data_dir):
+    return load_dataset("cora", data_dir)
+
+
+@pytest.mark.parametrize("method", ["metis", "hash"])
+def test_plan_blocks_reproduce_the_adjacency(cora, method):
+    a = gcn_normalize(cora.adj)
+    plan = build_plan(a, 4, 8, method)
+    x = np.random.default_rng(0).standard_normal((a.shape[0], 5)).astype(np.float32)
+    ref = a @ x
+    seen = np.zeros(a.shape[0], int)
+    shapes = set()
+    for pp in plan.partitions:
+        cs = pp.colspace
+        assert np.array_equal(np.sort(pp.owned), pp.owned)
+        assert not np.isin(pp.ghosts, pp.owned).any()
+        for iv in pp.intervals:
+            b = iv.block
+            shapes.add((b.shape, b.nnz))
+            m = sp.csr_matrix((b.data, b.indices, b.indptr), shape=b.shape)
+            y = m @ x[cs[iv.cols]]
+            n = iv.end - iv.start
+            np.testing.assert_allclose(y[:n], ref[pp.owned[iv.start:iv.end]], atol=1e-5)
+            assert np.all(y[n:] == 0)
+            seen[pp.owned[iv.start:iv.end]] += 1
+        # ghost maps in both directions agree: what q sends p is exactly p's ghosts owned by q
+        for q, idx in pp.recv.items():
+            sent = plan.partitions[q].owned[plan.partitions[q].send[pp.partition]]
+            assert np.array_equal(sent, pp.ghosts[idx])
+    assert np.all(seen == 1), "every vertex is owned by exactly one interval"
+    assert len(shapes) == 1, "all intervals are padded to one static shape (jit compiles once)"
+    st = plan.stats
+    assert st["balance"] < 1.1 and 0 < st["edge_cut_fraction"] < 1
+    if method == "metis":
+        hash_cut = build_plan(a, 4, 8, "hash").stats["edge_cut"]
+        assert st["edge_cut"] < hash_cut / 3
+
+
+def _rel(a, b):
+    return float(np.max(np.abs(np.asarray(a) - np.asarray(b))) / (np.max(np.abs(np.asarray(a))) + 1e-12))
+
+
+@pytest.mark.parametrize("model,epochs", [("gcn", 25), ("gat", 12)])
+def test_synchronous_engine_equals_whole_graph_training(cora, model, epochs):
+    cfg = TrainConfig(model=model, epochs=epochs, patience=0, partitions=4, intervals=8, staleness=None,
+                      tensor_workers=2).resolved()
+    whole = train(cfg, cora)
+    eng = train_engine(cfg, cora)
+    l1 = np.array([r["loss"] for r in whole.history])
+    l2 = np.array([r["loss"] for r in eng.history])
+    assert l1.shape == l2.shape
+    assert np.max(np.abs(l1 - l2) / np.abs(l1)) < 1e-4
+    for stage, p in whole.params.items():
+        for name, w in p.items():
+            assert _rel(w, eng.params[stage][name]) < 1e-4, (stage, name)
+    assert eng.summary["max_staleness_observed"] == 0
+
+
+def test_runs_are_deterministic_under_staleness_and_injected_delays(cora):
+    cfg = TrainConfig(model="gcn", epochs=15, patience=0, partitions=2, intervals=4, staleness=1,
+                      delay_rate=0.2, delay_s=0.05, straggler_min_s=0.05, straggler_k=1.5).resolved()
+    a = train_engine(cfg, cora)
+    b = train_engine(cfg, cora)
+    assert [r["loss"] for r in a.history] == [r["loss"] for r in b.history]
+    assert a.summary["max_staleness_observed"] <= 1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("staleness,wu", [(0, "sync"), (1, "sync"), (0, "async"), (2, "sync")])
+def test_bounded_staleness_stays_in_the_accuracy_band(cora, staleness, wu):
+    base = train(TrainConfig(model="gcn", seed=0).resolved(), cora).summary["test_acc"]
+    cfg = TrainConfig(model="gcn", seed=0, partitions=2, intervals=4, staleness=staleness, wu=wu,
+                      delay_rate=0.1, delay_s=0.02).resolved()
+    r = train_engine(cfg, cora)
+    assert r.summary["max_staleness_observed"] <= staleness
+    assert r.summary["max_staleness_observed"] == staleness  # the bound is also reached: ghosts really are stale
+    assert abs(r.summary["test_acc"] - base) <= 0.015, (r.summary["test_acc"], base)
+
+
+@pytest.mark.slow
+def test_training_survives_failures_and_delays(cora):
+    cfg = TrainConfig(model="gcn", seed=1, epochs=120, partitions=2, intervals=4, staleness=1, fail_rate=0.1,
+                      delay_rate=0.1, delay_s=0.1, straggler_min_s=0.2).resolved()
+    r = train_engine(cfg, cora)
+    s = r.summary
+    assert s["injected_failures"] > 0 and s["relaunches"] >= s["injected_failures"]
+    assert s["epochs"] == 120 and s["test_acc"] > 0.78
+    clean = train(TrainConfig(model="gcn", seed=1, epochs=120).resolved(), cora).summary["test_acc"]
+    assert abs(s["test_acc"] - clean) < 0.02
+
+
+def test_more_intervals_than_vertices_is_an_error(cora):
+    with pytest.raises(ConfigError, match="intervals"):
+        build_plan(gcn_normalize(cora.adj), 4, 10_000, "metis")
+    with pytest.raises(ConfigError, match="partitions"):
+        build_plan(gcn_normalize(cora.adj), 5000, 1, "hash")
+    with pytest.raises(ConfigError, match="intervals"):
+        build_plan(gcn_normalize(cora.adj), 2, 0, "hash")
+    with pytest.raises(ConfigError, match="staleness"):
+        TrainConfig(staleness=-1).resolved()
+
+
+def test_unknown_interval_and_missing_weight_version_are_clear_errors(cora):
+    cfg = TrainConfig(model="gcn", epochs=2, partitions=2, intervals=2, staleness=None).resolved()
+    eng = build_engine(cfg, cora)
+    gs = eng.servers[0]
+    bogus = Message("AV", 0, 0, 99, 0, 0)
+    with pytest.raises(EngineError, match="unknown interval 99"):
+        gs.handle(bogus)
+    with pytest.raises(EngineError, match="unknown partition 7"):
+        gs.handle(Message("SC", 0, 0, -1, 7, -1, meta={"name": "h"}))
+    with pytest.raises(EngineError, match="weight version 5 does not exist"):
+        eng.ps.weights(5)
+    with pytest.raises(EngineError, match="weight version 3"):
+        eng.ps.handle(Message("GRAD", 0, 0, 0, 0, 3, meta={"stage_name": "av0"}))
+
+
+def test_a_run_fails_loudly_when_a_role_dies(cora, monkeypatch):
+    cfg = TrainConfig(model="gcn", epochs=5, partitions=2, intervals=2).resolved()
+    from pipelines.engine import graph_server
+
+    def boom(self, msg):
+        raise EngineError("graph server lost its partition")
+
+    monkeypatch.setattr(graph_server.GraphServer, "_on_ghosts", boom)
+    with pytest.raises(EngineError, match="lost its partition"):
+        train_engine(cfg, cora, stall_timeout=60)
