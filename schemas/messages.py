@@ -23,7 +23,8 @@ Message types (schema metadata ``dorylus.type``) and their columns:
                   features, CSR block arrays, labels and masks together): exactly one row, one column per
                   tensor of type ``large_list<T>`` holding the row-major values (``T`` the tensor's Arrow type:
                   float16/32/64, int8..64, uint8..64, bool) and the field metadata ``dorylus.shape`` (JSON list;
-                  ``[]`` for a scalar). Decoded arrays keep their dtype (zero-copy except bool).
+                  ``[]`` for a scalar). Decoded arrays keep their dtype (zero-copy except bool). An empty
+                  batch (no tensor) has no columns and no rows.
 
 Routing fields live in the schema metadata (all values are UTF-8 strings):
 
@@ -396,8 +397,6 @@ _ARROW_TO_DTYPE = {str(pa.from_numpy_dtype(np.dtype(d))): np.dtype(d) for d in T
 
 
 def _tensor_batch_batch(tensors: Mapping[str, np.ndarray], md: dict[str, str]) -> pa.RecordBatch:
-    if not tensors:
-        raise SchemaError("a tensor_batch needs at least one tensor")
     fields, arrays = [], []
     for name, x in tensors.items():
         _check_name("tensor", name)
@@ -417,8 +416,9 @@ def _tensor_batch_batch(tensors: Mapping[str, np.ndarray], md: dict[str, str]) -
 
 
 def _tensor_batch_tensors(batch: pa.RecordBatch) -> dict[str, np.ndarray]:
-    if batch.num_rows != 1:
-        raise SchemaError(f"a tensor_batch has exactly one row, got {batch.num_rows}")
+    if batch.num_rows != (1 if batch.num_columns else 0):
+        raise SchemaError(f"a tensor_batch has exactly one row (none when it holds no tensor), got "
+                          f"{batch.num_rows}")
     out = {}
     for i, field in enumerate(batch.schema):
         name, col = field.name, batch.column(i)
