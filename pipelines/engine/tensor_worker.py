@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import abc
+import math
 import threading
 import time
 
@@ -89,6 +90,7 @@ class LocalPool(TensorWorker):
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self.busy_s = 0.0
+        self.billed_ms = 0     # sum over tasks of the busy time rounded up to 1 ms (what Lambda would bill)
         self.tasks = 0
         self.failed = 0
         self.delayed = 0
@@ -148,6 +150,7 @@ class LocalPool(TensorWorker):
             time.sleep(delay)
         with self._lock:
             self.busy_s += dt
+            self.billed_ms += max(1, math.ceil(dt * 1000))
             self.tasks += 1
         if grads is not None:
             gmsg = Message("GRAD", msg.epoch, msg.stage, msg.interval, msg.partition, msg.version, arrays=grads)
@@ -164,4 +167,4 @@ class LocalPool(TensorWorker):
 
     def stats(self) -> dict:
         return {"workers": self.size, "tasks": self.tasks, "busy_s": self.busy_s, "injected_failures": self.failed,
-                "injected_delays": self.delayed}
+                "injected_delays": self.delayed, "billed_ms": self.billed_ms}
