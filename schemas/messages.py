@@ -327,10 +327,19 @@ def _metadata(mtype: MessageType, kind: str, run_id: str, epoch: int, layer: int
     if not isinstance(meta, Mapping):
         raise SchemaError(f"meta must be a mapping, got {type(meta).__name__}")
     try:
-        md[K_META] = json.dumps(dict(meta), separators=(",", ":"), sort_keys=True, allow_nan=False)
+        # A tensor_batch's meta may hold a diverged run's statistics (NaN loss): Python's JSON reads NaN back.
+        md[K_META] = json.dumps(dict(meta), separators=(",", ":"), sort_keys=True,
+                                allow_nan=mtype is MessageType.TENSOR_BATCH, default=_json_scalar)
     except (TypeError, ValueError) as e:
         raise SchemaError(f"meta is not a JSON object: {e}") from None
     return md
+
+
+def _json_scalar(o: Any) -> Any:
+    """numpy scalars in meta are written as the Python numbers they hold."""
+    if isinstance(o, (np.integer, np.floating, np.bool_)):
+        return o.item()
+    raise TypeError(f"{type(o).__name__} is not JSON serializable")
 
 
 def _ids(what: str, a: Any) -> np.ndarray:
