@@ -6,6 +6,11 @@ import abc
 from pipelines.engine.messages import Message
 
 
+class TransportError(RuntimeError):
+    """A transport cannot do its job: broker unreachable, a message over the size limit, a delivery that failed
+    for good. The message is one line naming the channel and the cause."""
+
+
 class Consumer(abc.ABC):
     @abc.abstractmethod
     def poll(self, timeout: float, max_messages: int = 256) -> list[Message]:
