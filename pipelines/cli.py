@@ -52,7 +52,8 @@ def _train_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--partitioner", choices=["metis", "hash"])
     g.add_argument("--staleness", help="none (synchronous) or S >= 0 epochs of bounded staleness")
     g.add_argument("--wu", choices=["sync", "async"], help="weight updates per epoch (sync) or per interval")
-    g.add_argument("--tensor-workers", type=int, help="size of the local tensor-worker pool")
+    g.add_argument("--tensor-workers", help="N (a local pool of N workers), auto (a local pool autotuned from "
+                                            "the task backlog) or aws (AWS Lambda; needs --function)")
     g.add_argument("--fail-rate", type=float, help="injected tensor-task failure probability")
     g.add_argument("--delay-rate", type=float, help="probability that a tensor task is delayed")
     g.add_argument("--delay-s", type=float, help="mean injected delay (exponential), seconds")
@@ -60,6 +61,20 @@ def _train_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--straggler-min-s", type=float)
     g.add_argument("--transport", choices=["memory", "kafka"])
     g.add_argument("--bootstrap", help="Kafka bootstrap HOST:PORT")
+    g = p.add_argument_group("serverless tensor workers (AWS Lambda) and cost")
+    g.add_argument("--mode", choices=["serverless", "cpu-only"],
+                   help="serverless: tensor tasks on tensor workers (Lambdas, or a local pool priced as Lambdas); "
+                        "cpu-only: the graph servers run them (priced as server time)")
+    g.add_argument("--function", help="Lambda function name or ARN of the tensor workers (--tensor-workers aws)")
+    g.add_argument("--bucket", help="S3 bucket for task payloads over the 6 MB Lambda invoke limit")
+    g.add_argument("--region", help="AWS region (default: the AWS config/environment)")
+    g.add_argument("--s3-prefix", help="key prefix of the S3 payload objects (default dorylus)")
+    g.add_argument("--lambda-memory-mb", type=int, help="the function's memory setting, for billed GB-seconds "
+                                                        "of local-pool runs (default 3008)")
+    g.add_argument("--lambda-concurrency", type=int, help="concurrent Lambda invocations (default: autotuned)")
+    g.add_argument("--graph-instance", help="EC2 type the cost model bills graph servers as (c5n.2xlarge)")
+    g.add_argument("--ps-instance", help="EC2 type the cost model bills the parameter server as (c5.xlarge)")
+    g.add_argument("--prices", help="price table (TOML) overriding pipelines/prices.toml")
     g = p.add_argument_group("output")
     g.add_argument("--config", help="TOML file with the same settings (flags win)")
     g.add_argument("--out", help="run directory (default: runs/<dataset>-<model>-<time>)")

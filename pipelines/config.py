@@ -50,7 +50,7 @@ class TrainConfig:
     partitioner: str = "metis"
     staleness: int | None = None
     wu: str = "sync"
-    tensor_workers: int = 2
+    tensor_workers: int | str = 2       # local pool size, "auto" (autotuned local pool) or "aws" (Lambda)
     straggler_k: float = 2.0
     straggler_min_s: float = 0.5
     fail_rate: float = 0.0
@@ -58,6 +58,17 @@ class TrainConfig:
     delay_s: float = 0.0
     transport: str = "memory"
     bootstrap: str | None = None
+    # serverless tensor workers (AWS Lambda) and cost
+    mode: str = "serverless"            # or "cpu-only": graph servers run the tensor tasks themselves
+    function: str | None = None         # Lambda function name or ARN (tensor_workers = "aws")
+    bucket: str | None = None           # S3 bucket for payloads over the 6 MB invoke limit
+    region: str | None = None
+    s3_prefix: str = "dorylus"
+    lambda_memory_mb: int = 3008
+    lambda_concurrency: int | None = None   # aws: concurrent invocations; unset: autotuned
+    graph_instance: str = "c5n.2xlarge"
+    ps_instance: str = "c5.xlarge"
+    prices: str | None = None           # price table overriding pipelines/prices.toml
     # output
     out: str | None = None
 
@@ -96,7 +107,17 @@ class TrainConfig:
         need(self.staleness is None or self.staleness >= 0,
              f"staleness must be none or an integer >= 0, got {self.staleness}")
         need(self.wu in ("sync", "async"), f"wu must be sync or async, got {self.wu!r}")
-        need(self.tensor_workers >= 1, f"tensor_workers must be >= 1, got {self.tensor_workers}")
+        need(self.tensor_workers in ("auto", "aws") or (isinstance(self.tensor_workers, int)
+                                                        and not isinstance(self.tensor_workers, bool)
+                                                        and self.tensor_workers >= 1),
+             f"tensor_workers must be an integer >= 1, auto or aws, got {self.tensor_workers!r}")
+        need(self.mode in ("serverless", "cpu-only"), f"mode must be serverless or cpu-only, got {self.mode!r}")
+        need(self.tensor_workers != "aws" or bool(self.function),
+             "tensor_workers = aws needs a Lambda function (--function NAME)")
+        need(self.lambda_memory_mb is not None and 128 <= self.lambda_memory_mb <= 10240,
+             f"lambda_memory_mb must be in [128, 10240] (Lambda's range), got {self.lambda_memory_mb}")
+        need(self.lambda_concurrency is None or self.lambda_concurrency >= 1,
+             f"lambda_concurrency must be >= 1, got {self.lambda_concurrency}")
         need(0.0 <= self.fail_rate < 1.0, f"fail_rate must be in [0, 1), got {self.fail_rate}")
         need(0.0 <= self.delay_rate <= 1.0, f"delay_rate must be in [0, 1], got {self.delay_rate}")
         need(self.delay_s >= 0, f"delay_s must be >= 0, got {self.delay_s}")
@@ -108,7 +129,8 @@ class TrainConfig:
     def engine(self) -> bool:
         """Whether the run needs the separated, pipelined engine rather than the whole-graph trainer."""
         return (self.partitions > 1 or self.intervals > 1 or self.staleness is not None or self.wu != "sync"
-                or self.transport != "memory" or self.fail_rate > 0 or self.delay_rate > 0)
+                or self.transport != "memory" or self.fail_rate > 0 or self.delay_rate > 0
+                or self.mode != "serverless" or self.tensor_workers in ("auto", "aws"))
 
     def to_dict(self) -> dict[str, Any]:
         return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
@@ -133,6 +155,19 @@ def parse_staleness(value) -> int | None:
     return s
 
 
+def parse_tensor_workers(value) -> int | str:
+    """A local pool size (integer >= 1), "auto" (autotuned local pool) or "aws" (AWS Lambda)."""
+    if isinstance(value, str) and value.strip().lower() in ("auto", "aws"):
+        return value.strip().lower()
+    try:
+        n = int(value)
+        if isinstance(value, (bool, float)) or n < 1:
+            raise ValueError
+    except (TypeError, ValueError):
+        raise ConfigError(f"tensor_workers must be an integer >= 1, auto or aws, got {value!r}") from None
+    return n
+
+
 def load_toml(path: str | Path) -> dict[str, Any]:
     """Read a TOML config file; unknown keys and wrongly typed values are errors naming the key."""
     path = Path(path)
@@ -151,6 +186,8 @@ def load_toml(path: str | Path) -> dict[str, Any]:
             raise ConfigError(f"config file {path}: unknown setting {k!r}")
         if key == "staleness":
             v = parse_staleness(v)
+        elif key == "tensor_workers":
+            v = parse_tensor_workers(v)
         elif v is not None and not _type_ok(FIELDS[key], v):
             raise ConfigError(f"config file {path}: setting {k!r} has the wrong type ({type(v).__name__})")
         out[key] = v
@@ -175,4 +212,6 @@ def build_config(file_values: dict[str, Any], flag_values: dict[str, Any]) -> Tr
     merged = {**file_values, **{k: v for k, v in flag_values.items() if v is not None}}
     if "staleness" in merged:
         merged["staleness"] = parse_staleness(merged["staleness"])
+    if "tensor_workers" in merged:
+        merged["tensor_workers"] = parse_tensor_workers(merged["tensor_workers"])
     return TrainConfig(**merged).resolved()

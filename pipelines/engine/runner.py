@@ -19,6 +19,7 @@ from pipelines.engine.graph_server import GraphServer
 from pipelines.engine.messages import EngineError, Message
 from pipelines.engine.param_server import ParameterServer
 from pipelines.engine.partition import build_plan
+from pipelines.engine.pools import make_tensor_workers
 from pipelines.engine.tensor_worker import LocalPool
 from pipelines.train import EarlyStopping, Evaluator, TrainResult, build_model, model_inputs, progress
 
@@ -68,8 +69,7 @@ def build_engine(cfg: TrainConfig, graph: Graph, transport=None, epochs: int | N
     ps = ParameterServer(transport, params, tx, partitions=cfg.partitions, intervals=cfg.intervals,
                          param_stages=param_stages, mode=cfg.wu, staleness=cfg.staleness, epochs=epochs,
                          on_version=lambda v, w: versions.__setitem__(v, w))
-    pool = LocalPool(transport, spec, cfg.tensor_workers, fail_rate=cfg.fail_rate, delay_rate=cfg.delay_rate,
-                     delay_s=cfg.delay_s, seed=cfg.seed)
+    pool = make_tensor_workers(cfg, transport, spec)
     n_train = int(graph.train_mask.sum())
     servers = []
     for pp in plan.partitions:
@@ -108,7 +108,11 @@ def _raise_role_errors(engine: Engine) -> None:
 def train_engine(cfg: TrainConfig, graph: Graph, out: Path | None = None, show_progress: bool = False,
                  transport=None, stall_timeout: float = 300.0) -> TrainResult:
     """Train with the separated, pipelined engine; same outputs as `pipelines.train.train` plus engine stats."""
+    from pipelines.engine.cost import CostMeter, load_prices
+
+    prices = load_prices(cfg.prices)
     engine = build_engine(cfg, graph, transport)
+    meter = CostMeter(cfg, prices, engine.pool)
     model = build_model(cfg, graph)
     x, a = model_inputs(cfg, graph)
     from ops.sparse import Adjacency
@@ -166,6 +170,7 @@ def train_engine(cfg: TrainConfig, graph: Graph, out: Path | None = None, show_p
                        "max_staleness_observed": max(m.meta["max_staleness"] for m in parts),
                        "relaunches": sum(m.meta["relaunches"] for m in parts)}
                 t_epoch = now
+                row.update(meter.epoch(row["epoch_s"]))
                 history.append(row)
                 if log:
                     log.write(row)
@@ -199,7 +204,7 @@ def train_engine(cfg: TrainConfig, graph: Graph, out: Path | None = None, show_p
         for k, v in m.get("busy_s", {}).items():
             busy[f"graph_server.{k}"] = busy.get(f"graph_server.{k}", 0.0) + v
     pool_stats = engine.pool.stats()
-    busy["tensor_workers"] = pool_stats["busy_s"]
+    busy["graph_server.tensor" if pool_stats.get("billing") == "server" else "tensor_workers"] = pool_stats["busy_s"]
     busy["param_server.WU"] = engine.ps.busy_s
     gs_busy = sum(v for k, v in busy.items() if k.startswith("graph_server."))
     epoch_times = [r["epoch_s"] for r in history[1:]] or [history[0]["epoch_s"]]
@@ -229,7 +234,7 @@ def train_engine(cfg: TrainConfig, graph: Graph, out: Path | None = None, show_p
         "busy_s": busy,
         "utilization": {
             "graph_servers": gs_busy / (seconds * cfg.partitions),
-            "tensor_workers": pool_stats["busy_s"] / (seconds * cfg.tensor_workers),
+            "tensor_workers": pool_stats["busy_s"] / (seconds * max(pool_stats.get("workers", 1), 1)),
             "param_server": engine.ps.busy_s / seconds,
         },
         "tensor_tasks": pool_stats["tasks"],
@@ -238,6 +243,12 @@ def train_engine(cfg: TrainConfig, graph: Graph, out: Path | None = None, show_p
         "partition_stats": engine.plan.stats,
         "transport": engine.transport.stats(),
     }
+    summary["tensor_pool"] = {k: v for k, v in pool_stats.items() if k != "autotune"}
+    if "autotune" in pool_stats:
+        summary["autotune"] = pool_stats["autotune"]
+    summary["cost"] = meter.summary(seconds, len(history), summary["transport"], busy)
+    summary.update(time_s=seconds, cost_usd=summary["cost"]["cost_usd"],
+                   cost_per_epoch_usd=summary["cost"]["cost_per_epoch_usd"], value=summary["cost"]["value"])
     if out is not None:
         from pipelines.train import _tree_to_npz
 
