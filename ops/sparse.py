@@ -111,9 +111,13 @@ def _gather_fwd(adj, x):
     return gather(adj, x), adj
 
 
+def gather_transpose(adj: Adjacency, g: jax.Array) -> jax.Array:
+    """∇GA: Aᵀ · g over the block's columns, with the precomputed transpose (no forward values needed)."""
+    return _csr_matmul(adj.data[adj.t_perm], adj.t_indices, adj.t_indptr, g, adj.shape[1])
+
+
 def _gather_bwd(adj, g):
-    dx = _csr_matmul(adj.data[adj.t_perm], adj.t_indices, adj.t_indptr, g, adj.shape[1])
-    return None, dx
+    return None, gather_transpose(adj, g)
 
 
 gather.defvjp(_gather_fwd, _gather_bwd)

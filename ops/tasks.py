@@ -62,6 +62,14 @@ def backward_fn(stage: Stage, wrt_inputs: tuple[str, ...]):
 
 
 @functools.lru_cache(maxsize=None)
+def gather_transpose_fn():
+    """jit(∇GA) for unweighted GA: Aᵀ·g; the graph server keeps no forward inputs for it."""
+    from ops.sparse import gather_transpose
+
+    return jax.jit(gather_transpose)
+
+
+@functools.lru_cache(maxsize=None)
 def loss_fn(loss_stage: Stage, av_stage: Stage | None):
     """jit of the last tensor task: [AV +] loss + gradients, Dorylus's fused last layer when av_stage is given.
 

@@ -18,7 +18,7 @@ import numpy as np
 
 from ops import models
 from ops.optim import dropout_seeds
-from ops.tasks import BLOCK_ARRAYS, backward_fn, forward_fn
+from ops.tasks import BLOCK_ARRAYS, backward_fn, forward_fn, gather_transpose_fn
 from pipelines.engine import messages as M
 from pipelines.engine.messages import EngineError, Message, check_routing
 
@@ -70,6 +70,9 @@ class GraphServer:
                 else:
                     self.row_consumers[(ps, name)].append(st.index)
         self._static_blocks()
+        self._static_cols: dict[int, jax.Array] = {}
+        self._col_split = [(np.flatnonzero(iv.cols < self.n_own), np.flatnonzero(iv.cols >= self.n_own))
+                           for iv in plan.intervals]
         # Stores, keyed by epoch.
         self.fwd = collections.defaultdict(dict)         # (ps, name) -> e -> colspace array
         self.fwd_done = collections.defaultdict(lambda: collections.defaultdict(set))  # ps -> e -> intervals
@@ -147,7 +150,9 @@ class GraphServer:
         """The column values interval i reads in epoch e, or None while the watermark is behind."""
         iv = self.plan.intervals[i]
         if ps == -1:
-            return self.x_cols[iv.cols]
+            if i not in self._static_cols:  # the input features never change: gather them once
+                self._static_cols[i] = jnp.asarray(self.x_cols[iv.cols])
+            return self._static_cols[i]
         if len(self.fwd_done[ps][e]) < self.K:
             return None
         e_ghost = max(e - self.S, 0)
@@ -157,13 +162,15 @@ class GraphServer:
         if self.sync_barrier and len(self.global_wm[("F", ps, e)]) < self.P - 1:
             return None
         own = self.fwd[(ps, name)][e]
-        if wm:
-            ghost = self.fwd[(ps, name)][e_ghost]
-            self.max_staleness = max(self.max_staleness, e - e_ghost)
-            full = np.concatenate([own[: self.n_own], ghost[self.n_own:]])
-        else:
-            full = own
-        return full[iv.cols]
+        if not wm or e_ghost == e:
+            return own[iv.cols]
+        self.max_staleness = max(self.max_staleness, e - e_ghost)
+        # Owned columns from epoch e, ghost columns from epoch e - S: two gathers, no copy of the whole store.
+        out = np.empty((iv.cols.size, *own.shape[1:]), own.dtype)
+        own_pos, ghost_pos = self._col_split[i]
+        out[own_pos] = own[iv.cols[own_pos]]
+        out[ghost_pos] = self.fwd[(ps, name)][e_ghost][iv.cols[ghost_pos]]
+        return out
 
     def _store(self, ps: int, name: str, e: int) -> np.ndarray:
         st = self.fwd[(ps, name)]
@@ -396,7 +403,8 @@ class GraphServer:
             inputs = self._inputs(i, e, s)
             if inputs is None:
                 return False
-            ist.saved[s] = inputs
+            # Keep what the stage's VJP reads: an unweighted GA's backward needs no inputs (∇GA is Âᵀ·g).
+            ist.saved[s] = {} if (st.kind == "GA" and not st.weighted) else inputs
             seed = self.seed_for(e, s)
             if kind == "F" and st.kind == "GA":
                 t0 = time.perf_counter()
@@ -428,8 +436,11 @@ class GraphServer:
         seed = self.seed_for(e, s)
         if st.kind == "GA":
             t0 = time.perf_counter()
-            _, gin = backward_fn(st, wrt)({}, inputs, self.blocks_dev[i], jnp.uint32(seed),
-                                          {k: jnp.asarray(v) for k, v in out_grads.items()})
+            if st.weighted:
+                _, gin = backward_fn(st, wrt)({}, inputs, self.blocks_dev[i], jnp.uint32(seed),
+                                              {k: jnp.asarray(v) for k, v in out_grads.items()})
+            else:
+                gin = {"h": gather_transpose_fn()(self.blocks_dev[i], jnp.asarray(out_grads["h"]))}
             gin = {k: np.asarray(v) for k, v in gin.items()}
             self.busy_s["GA_BWD"] += time.perf_counter() - t0
             ist.step += 1

@@ -129,6 +129,8 @@ class ParameterServer:
         if msg.kind == "STOP":
             self._stop.set()
             return
+        if msg.kind == "STOP_AFTER":
+            return  # early stopping is for graph servers (it shares control partition 0 with graph server 0)
         if msg.kind != "GRAD":
             raise EngineError(f"parameter server got an unexpected {msg.kind} message")
         e = msg.epoch
@@ -165,7 +167,7 @@ class ParameterServer:
 
     def run(self) -> None:
         try:
-            self.publish(0)
+            self.publish(self.state.version)  # 0, or the checkpointed version a resumed run continues from
             while not self._stop.is_set():
                 for msg in self._consumer.poll(0.05):
                     self.handle(msg)

@@ -106,8 +106,10 @@ def _raise_role_errors(engine: Engine) -> None:
 
 
 def train_engine(cfg: TrainConfig, graph: Graph, out: Path | None = None, show_progress: bool = False,
-                 transport=None, stall_timeout: float = 300.0) -> TrainResult:
-    """Train with the separated, pipelined engine; same outputs as `pipelines.train.train` plus engine stats."""
+                 transport=None, stall_timeout: float = 300.0, evaluate: bool = True) -> TrainResult:
+    """Train with the separated, pipelined engine; same outputs as `pipelines.train.train` plus engine stats.
+
+    evaluate=False skips the driver's per-epoch accuracy pass (benchmarks time the pipeline alone)."""
     from pipelines.engine.cost import CostMeter, load_prices
 
     prices = load_prices(cfg.prices)
@@ -165,7 +167,9 @@ def train_engine(cfg: TrainConfig, graph: Graph, out: Path | None = None, show_p
                 loss = sum(m.meta["loss_sum"] for m in parts) / max(sum(m.meta["count"] for m in parts), 1.0)
                 params = engine.versions[next_epoch + 1]
                 now = time.perf_counter()
-                row = {"epoch": next_epoch, "loss": loss, **evaluator(params, adj, xj, labels, masks),
+                accs = evaluator(params, adj, xj, labels, masks) if evaluate else {
+                    "train_acc": None, "val_acc": 0.0, "val_loss": 0.0, "test_acc": None}
+                row = {"epoch": next_epoch, "loss": loss, **accs,
                        "epoch_s": now - t_epoch,
                        "max_staleness_observed": max(m.meta["max_staleness"] for m in parts),
                        "relaunches": sum(m.meta["relaunches"] for m in parts)}

@@ -1,0 +1,447 @@
+"""Tensor workers on AWS Lambda: a `TensorWorker` that runs each tensor task with boto3 `lambda.invoke`.
+
+It consumes the tensor channel like the local pool (weight versions from the weights channel, replies on the graph
+server's result channel, dW to the parameter server) and runs every task as one synchronous (RequestResponse)
+invocation of the function whose handler is `ops.lambda_handler.handler`:
+
+- bounded concurrency: a set of invoker threads (fixed `concurrency`, or autotuned from the task backlog, starting
+  at min(#intervals, 100) as Dorylus does);
+- payloads: the task travels inline (base64 Arrow IPC, zstd-compressed) while the event fits Lambda's 6 MB
+  invoke limit, else through S3 (put, pass the reference, delete after use); the output comes back inline or,
+  when over the limit, by reference under the run's S3 prefix; weight versions go inline when small, else once
+  per version to S3 (warm functions cache them by key);
+- retries: throttling (TooManyRequestsException, HTTP 429), Lambda service errors and function errors (crash,
+  timeout, out of memory; `FunctionError` in the response) and handler errors marked retryable are retried with
+  exponential backoff and full jitter, at most `max_retries` times per task; then the task's reply is an ERROR
+  that is *not* retryable, so the graph server stops the run rather than relaunch it (no retry storm). Errors
+  that retrying cannot fix (missing function, access denied, missing credentials, invalid task) fail at once, and
+  after the first such error no further invocation is made;
+- stragglers: as with the local pool, the graph servers relaunch late tasks (max(min_s, k x EMA)); a relaunched
+  duplicate whose original already succeeded is dropped here before it is invoked (no cost).
+
+Billed duration comes from each invocation's log tail (`LogType="Tail"`: the REPORT line's "Billed Duration"),
+memory from the function's configuration; both feed the run's cost (`pipelines.engine.cost`).
+"""
+from __future__ import annotations
+
+import base64
+import collections
+import json
+import random
+import re
+import threading
+import time
+import uuid
+
+import numpy as np
+
+from ops import lambda_handler as LH
+from pipelines.config import ConfigError
+from pipelines.engine import messages as M
+from pipelines.engine.autotune import Autotuner
+from pipelines.engine.messages import EngineError, Message
+from pipelines.engine.param_server import flatten
+from pipelines.engine.pools import MAX_WORKERS, QueuedPool, autotune_start
+
+INVOKE_LIMIT = LH.INVOKE_LIMIT_BYTES - 16 * 1024   # headroom for the event's JSON around the payload
+WEIGHTS_INLINE_LIMIT = 1024 * 1024                  # larger weight versions go to S3 (once per version)
+THROTTLE_CODES = {"TooManyRequestsException", "ThrottlingException", "Throttling", "RequestLimitExceeded",
+                  "EC2ThrottledException", "SlowDown"}
+TRANSIENT_CODES = {"ServiceException", "ServiceUnavailableException", "InternalFailure", "ResourceNotReadyException",
+                   "ResourceConflictException", "EC2UnexpectedException", "ENILimitReachedException",
+                   "SubnetIPAddressLimitReachedException", "RequestTimeout", "InternalError"}
+_BILLED_RE = re.compile(r"Billed Duration:\s*([0-9.]+)\s*ms")
+_MEMORY_RE = re.compile(r"Memory Size:\s*([0-9]+)\s*MB")
+
+
+class AwsSetupError(ConfigError):
+    """The AWS side is not usable as configured (credentials, region, function, bucket); one line, no retry."""
+
+
+class TaskFailed(Exception):
+    def __init__(self, type_: str, message: str, fatal: bool = False):
+        super().__init__(message)
+        self.type, self.message, self.fatal = type_, message, fatal
+
+
+def _client_error(e) -> tuple[str, int, str]:
+    r = getattr(e, "response", {}) or {}
+    return (str(r.get("Error", {}).get("Code", "")), int(r.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0),
+            str(r.get("Error", {}).get("Message", e)))
+
+
+class AwsLambdaPool(QueuedPool):
+    """Tensor tasks on AWS Lambda, `concurrency` invocations at a time (None: autotuned)."""
+
+    backend = "aws"
+    billing = "lambda"
+
+    def __init__(self, transport, model_spec: dict, *, function: str, bucket: str | None = None,
+                 region: str | None = None, prefix: str = "dorylus", concurrency: int | None = None,
+                 start_workers: int = 8, session=None, lambda_client=None, s3_client=None, max_retries: int = 4,
+                 backoff_s: float = 0.2, backoff_cap_s: float = 5.0, compression: str | None = "zstd",
+                 run_id: str | None = None, invoke_limit: int = INVOKE_LIMIT,
+                 weights_inline_limit: int = WEIGHTS_INLINE_LIMIT, memory_mb: int | None = None,
+                 keep_objects: bool = False, sleep=time.sleep, weight_timeout: float = 120.0, seed: int = 0):
+        tuner = None if concurrency else Autotuner(start_workers, 1, MAX_WORKERS)
+        super().__init__(transport, model_spec, concurrency or tuner.n, autotuner=tuner, seed=seed,
+                         weight_timeout=weight_timeout)
+        self.function, self.bucket, self.region = function, bucket, region
+        self.prefix = prefix.strip("/")
+        self.run_id = run_id or uuid.uuid4().hex[:12]
+        self.session, self.lam, self.s3 = session, lambda_client, s3_client
+        self.max_retries, self.backoff_s, self.backoff_cap_s = max_retries, backoff_s, backoff_cap_s
+        self.compression = compression
+        self.invoke_limit, self.weights_inline_limit = invoke_limit, weights_inline_limit
+        self.memory_mb = memory_mb
+        self.keep_objects = keep_objects
+        self.sleep = sleep
+        self._rng = random.Random(seed + 104729)
+        self._wrefs: dict[int, dict] = {}
+        self._wlock = threading.Lock()
+        self._done = collections.OrderedDict()
+        self._fatal: str | None = None
+        self._objects: set[tuple[str, str]] = set()
+        self._checked = False
+        self.counters = collections.Counter()
+
+    @classmethod
+    def from_config(cls, cfg, transport, model_spec: dict) -> "AwsLambdaPool":
+        run_id = None
+        if cfg.out:
+            run_id = re.sub(r"[^A-Za-z0-9_.-]", "-", str(cfg.out).rstrip("/").rsplit("/", 1)[-1])[:64] or None
+        return cls(transport, model_spec, function=cfg.function, bucket=cfg.bucket, region=cfg.region,
+                   prefix=cfg.s3_prefix, concurrency=cfg.lambda_concurrency, start_workers=autotune_start(cfg),
+                   run_id=run_id, seed=cfg.seed)
+
+    # ------------------------------------------------------------------------------------------ setup
+    def _clients(self) -> None:
+        if self.lam is not None and (self.s3 is not None or self.bucket is None):
+            return
+        try:
+            import boto3
+            from botocore.config import Config
+        except ModuleNotFoundError:
+            raise AwsSetupError("the AWS backend needs boto3 (pip install 'dorylus[aws]')") from None
+        from botocore.exceptions import NoRegionError
+
+        if self.session is None:
+            self.session = boto3.session.Session(region_name=self.region)
+        if self.session.get_credentials() is None:
+            raise AwsSetupError("no AWS credentials found: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or "
+                                "AWS_PROFILE, or run where an instance role is available")
+        pool = max(self.size, MAX_WORKERS) + 8
+        cfg = Config(retries={"total_max_attempts": 1}, connect_timeout=10, read_timeout=960,
+                     max_pool_connections=pool)
+        try:
+            if self.lam is None:
+                self.lam = self.session.client("lambda", region_name=self.region, config=cfg)
+            if self.s3 is None and self.bucket:
+                self.s3 = self.session.client("s3", region_name=self.region, config=cfg)
+        except NoRegionError:
+            raise AwsSetupError("no AWS region: pass --region or set AWS_DEFAULT_REGION") from None
+
+    def check(self) -> None:
+        """Fail fast, with one clear line, when the function, the bucket or the credentials are not usable."""
+        if self._checked:
+            return
+        self._clients()
+        from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
+
+        region = self.lam.meta.region_name
+        try:
+            conf = self.lam.get_function(FunctionName=self.function)["Configuration"]
+        except NoCredentialsError:
+            raise AwsSetupError("no AWS credentials found: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or "
+                                "AWS_PROFILE") from None
+        except ClientError as e:
+            code, status, msg = _client_error(e)
+            if code == "ResourceNotFoundException" or status == 404:
+                raise AwsSetupError(f"Lambda function {self.function!r} not found in {region} (deploy it with "
+                                    f"infra/terraform, or pass --function NAME)") from None
+            raise AwsSetupError(f"cannot use Lambda function {self.function!r} in {region}: {code}: {msg}") from None
+        except BotoCoreError as e:
+            raise AwsSetupError(f"cannot reach AWS Lambda in {region}: {e}") from None
+        state = conf.get("State", "Active")
+        if state == "Failed":
+            raise AwsSetupError(f"Lambda function {self.function!r} is in state Failed: "
+                                f"{conf.get('StateReason', '?')}")
+        self.memory_mb = self.memory_mb or int(conf.get("MemorySize", 0) or 0) or None
+        if self.bucket:
+            try:
+                self.s3.head_bucket(Bucket=self.bucket)
+            except ClientError as e:
+                code, status, msg = _client_error(e)
+                if status == 404 or code in ("404", "NoSuchBucket", "NotFound"):
+                    raise AwsSetupError(f"S3 bucket {self.bucket!r} does not exist (or is in another "
+                                        f"account); pass an existing --bucket") from None
+                raise AwsSetupError(f"cannot use S3 bucket {self.bucket!r}: {code or status}: {msg}") from None
+            except BotoCoreError as e:
+                raise AwsSetupError(f"cannot reach S3 for bucket {self.bucket!r}: {e}") from None
+        self._checked = True
+
+    def start(self) -> None:
+        self.check()
+        super().start()
+
+    def stop(self) -> None:
+        super().stop()
+        if self.s3 is not None and not self.keep_objects:
+            for bucket, key in list(self._objects):
+                self._delete(bucket, key)
+
+    # ------------------------------------------------------------------------------------------ S3
+    def _key(self, *parts: str) -> str:
+        return "/".join(p for p in (self.prefix, self.run_id, *parts) if p)
+
+    def _put(self, key: str, data: bytes) -> dict:
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        try:
+            self.s3.put_object(Bucket=self.bucket, Key=key, Body=data)
+        except ClientError as e:
+            code, status, msg = _client_error(e)
+            raise TaskFailed("StorageError", f"S3 put s3://{self.bucket}/{key}: {code}: {msg}",
+                             fatal=code in ("NoSuchBucket", "AccessDenied", "InvalidAccessKeyId")) from None
+        except BotoCoreError as e:
+            raise TaskFailed("StorageError", f"S3 put s3://{self.bucket}/{key}: {e}") from None
+        with self._lock:
+            self.counters["s3_puts"] += 1
+            self.counters["s3_bytes_put"] += len(data)
+            self._objects.add((self.bucket, key))
+        return {"s3": {"bucket": self.bucket, "key": key}}
+
+    def _fetch(self, ref: dict, what: str) -> bytes:
+        if "s3" not in ref:
+            return LH.fetch_ref(ref, what)
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        if self.s3 is None:
+            raise TaskFailed("StorageError", f"{what} came back by S3 reference, but no bucket is configured")
+        b, k = ref["s3"]["bucket"], ref["s3"]["key"]
+        try:
+            data = self.s3.get_object(Bucket=b, Key=k)["Body"].read()
+        except (ClientError, BotoCoreError) as e:
+            raise TaskFailed("StorageError", f"S3 get s3://{b}/{k}: {e}") from None
+        with self._lock:
+            self.counters["s3_gets"] += 1
+            self.counters["s3_bytes_get"] += len(data)
+            self._objects.add((b, k))
+        if not self.keep_objects:
+            self._delete(b, k)
+        return data
+
+    def _delete(self, bucket: str, key: str) -> None:
+        try:
+            self.s3.delete_object(Bucket=bucket, Key=key)  # DELETE requests are free
+        except Exception:  # cleanup is best effort
+            return
+        with self._lock:
+            self._objects.discard((bucket, key))
+
+    # ------------------------------------------------------------------------------------------ tasks
+    def _weights_ref(self, version: int) -> dict:
+        with self._wlock:
+            ref = self._wrefs.get(version)
+            if ref is not None:
+                return ref
+        params = self.weights.get(version, self.weight_timeout)
+        data = LH.encode_weights(version, flatten(params), self.run_id, self.compression)
+        if len(data) * 4 // 3 <= self.weights_inline_limit or not self.bucket:
+            ref = LH.inline(data)
+        else:
+            ref = self._put(self._key("weights", f"v{version}.arrow"), data)
+        with self._wlock:
+            self._wrefs[version] = ref
+            low = self.weights._retired_below
+            for v in [v for v in self._wrefs if v < low]:
+                old = self._wrefs.pop(v)
+                if "s3" in old and not self.keep_objects:
+                    self._delete(old["s3"]["bucket"], old["s3"]["key"])
+        return ref
+
+    def build_event(self, msg: Message) -> tuple[dict, int]:
+        """The invocation event for a task (S3 offload included) and its size in bytes."""
+        task = LH.encode_task(msg.kind, msg.epoch, msg.stage, msg.interval, msg.partition, msg.version, msg.arrays,
+                              msg.meta, self.run_id, self.compression)
+        wref = self._weights_ref(msg.version)
+        tid = f"{msg.kind}-e{msg.epoch}-s{msg.stage}-i{msg.interval}-p{msg.partition}-" \
+              f"a{msg.meta.get('attempt', 0)}-{uuid.uuid4().hex[:8]}"
+        output = {"inline_limit": self.invoke_limit, "compression": self.compression}
+        if self.bucket:
+            output["s3"] = {"bucket": self.bucket, "prefix": self._key("out", tid) + "/"}
+        event = LH.make_event(LH.inline(task), wref, output, kind=msg.kind)
+        size = len(json.dumps(event))
+        if size > self.invoke_limit:
+            if not self.bucket:
+                raise TaskFailed("PayloadTooLarge",
+                                 f"task {msg.kind} (epoch {msg.epoch}, interval {msg.interval}, partition "
+                                 f"{msg.partition}) is {size} bytes as an event, over Lambda's "
+                                 f"{LH.INVOKE_LIMIT_BYTES}-byte invoke limit, and no S3 bucket is configured "
+                                 f"(--bucket) to pass it by reference", fatal=True)
+            event["input"] = self._put(self._key("in", tid + ".arrow"), task)
+            size = len(json.dumps(event))
+        return event, size
+
+    def _backoff(self, attempt: int) -> float:
+        return self._rng.uniform(0, min(self.backoff_cap_s, self.backoff_s * 2 ** attempt))
+
+    def invoke(self, event: dict, size: int) -> dict:
+        """One task's invocation with bounded retries; returns the handler's successful response."""
+        from botocore.exceptions import (BotoCoreError, ClientError, ConnectionClosedError, EndpointConnectionError,
+                                         NoCredentialsError, ReadTimeoutError)
+
+        payload = json.dumps(event).encode()
+        last = "?"
+        for attempt in range(self.max_retries + 1):
+            if self._fatal is not None:
+                raise TaskFailed("Aborted", f"not invoked: an earlier error stops the run: {self._fatal}", True)
+            if attempt:
+                with self._lock:
+                    self.counters["retries"] += 1
+                self.sleep(self._backoff(attempt - 1))
+            t0 = time.monotonic()
+            try:
+                r = self.lam.invoke(FunctionName=self.function, InvocationType="RequestResponse", LogType="Tail",
+                                    Payload=payload)
+            except NoCredentialsError:
+                raise TaskFailed("NoCredentials", "no AWS credentials found", fatal=True) from None
+            except ClientError as e:
+                code, status, msg = _client_error(e)
+                last = f"{code or status}: {msg}"
+                if code in THROTTLE_CODES or status == 429:
+                    with self._lock:
+                        self.counters["throttled"] += 1
+                    continue
+                if code in TRANSIENT_CODES or status >= 500:
+                    with self._lock:
+                        self.counters["service_errors"] += 1
+                    continue
+                raise TaskFailed(code or "ClientError", f"invoke {self.function}: {last}", fatal=True) from None
+            except (EndpointConnectionError, ConnectionClosedError, ReadTimeoutError) as e:
+                last = f"{type(e).__name__}: {e}"
+                with self._lock:
+                    self.counters["connection_errors"] += 1
+                continue
+            except BotoCoreError as e:
+                raise TaskFailed(type(e).__name__, f"invoke {self.function}: {e}", fatal=True) from None
+            rtt = time.monotonic() - t0
+            body = r["Payload"].read() if hasattr(r.get("Payload"), "read") else (r.get("Payload") or b"")
+            self._account(r, rtt, size, len(body))
+            if r.get("FunctionError"):
+                with self._lock:
+                    self.counters["function_errors"] += 1
+                try:
+                    err = json.loads(body)
+                    last = f"{r['FunctionError']}: {err.get('errorType', '?')}: {err.get('errorMessage', '?')}"
+                except (ValueError, AttributeError):
+                    last = f"{r['FunctionError']}: {body[:200]!r}"
+                continue
+            try:
+                resp = json.loads(body)
+            except ValueError:
+                raise TaskFailed("BadResponse", f"the function returned non-JSON: {body[:200]!r}") from None
+            if not isinstance(resp, dict) or "ok" not in resp:
+                raise TaskFailed("BadResponse", f"the function's response is not a handler response: "
+                                                f"{str(resp)[:200]}", fatal=True)
+            if resp["ok"]:
+                self._account_handler_s3(event, resp)
+                return resp
+            err = resp.get("error", {})
+            last = f"{err.get('type', '?')}: {err.get('message', '?')}"
+            if err.get("retryable"):
+                with self._lock:
+                    self.counters["handler_retryable_errors"] += 1
+                continue
+            raise TaskFailed(err.get("type", "HandlerError"), err.get("message", "?"))
+        raise TaskFailed("RetriesExhausted", f"gave up after {self.max_retries + 1} attempts; last error: {last}")
+
+    def _account(self, r: dict, rtt: float, sent: int, received: int) -> None:
+        billed, mem = None, None
+        log = r.get("LogResult")
+        if log:
+            try:
+                text = base64.b64decode(log).decode("utf-8", "replace")
+                m = _BILLED_RE.search(text)
+                billed = float(m.group(1)) if m else None
+                mm = _MEMORY_RE.search(text)
+                mem = int(mm.group(1)) if mm else None
+            except (ValueError, TypeError):
+                billed = None
+        with self._lock:
+            self.counters["invocations"] += 1
+            self.counters["bytes_sent"] += sent
+            self.counters["bytes_received"] += received
+            if billed is None:  # no REPORT line: bill the round trip, rounded up to 1 ms (an upper bound)
+                billed = max(1, int(np.ceil(rtt * 1000)))
+                self.counters["billed_estimated"] += 1
+            self.counters["billed_ms"] += billed
+            if mem:
+                self.memory_mb = mem
+
+    def _account_handler_s3(self, event: dict, resp: dict) -> None:
+        """S3 requests the function made: GET of an S3 input, GET of uncached S3 weights, PUT of outputs."""
+        gets = int("s3" in event["input"]) + int("s3" in event["weights"] and
+                                                not resp.get("stats", {}).get("weights_cached", False))
+        puts = sum(1 for k in ("result", "grads") if isinstance(resp.get(k), dict) and "s3" in resp[k])
+        with self._lock:
+            self.counters["s3_gets"] += gets
+            self.counters["s3_puts"] += puts
+
+    def _key_done(self, msg: Message) -> bool:
+        with self._lock:
+            return msg.key in self._done
+
+    def _run(self, msg: Message) -> None:
+        if self._key_done(msg):
+            with self._lock:
+                self.counters["duplicates_skipped"] += 1
+            return
+        t0 = time.perf_counter()
+        try:
+            event, size = self.build_event(msg)
+            resp = self.invoke(event, size)
+            arrays, grads, scalars = LH.decode_result(resp, fetch=self._fetch)
+        except EngineError:
+            raise
+        except Exception as e:  # TaskFailed, a handler error, a response that does not decode
+            etype = getattr(e, "type", None) or type(e).__name__
+            text = f"{etype}: {getattr(e, 'message', None) or e}"
+            if isinstance(e, TaskFailed) and e.fatal and self._fatal is None:
+                self._fatal = text
+                self.error = EngineError(f"AWS Lambda backend: {text}")
+            with self._lock:
+                self.counters["failed_tasks"] += 1
+            # Not retryable: the retries (bounded) happened here; a relaunch would start them over.
+            self.t.send(M.TENSOR_RESULTS, msg.partition, msg.replace(
+                kind="ERROR", arrays={}, meta={**msg.meta, "error": text, "error_type": etype, "task": msg.kind,
+                                               "retryable": False}))
+            return
+        dt = time.perf_counter() - t0
+        with self._lock:
+            self.busy_s += dt
+            self.tasks += 1
+            self._done[msg.key] = True
+            while len(self._done) > 100_000:
+                self._done.popitem(last=False)
+        if grads:
+            gmsg = Message("GRAD", msg.epoch, msg.stage, msg.interval, msg.partition, msg.version)
+            for name in sorted({k.split("/", 1)[0] for k in grads}):
+                sub = {k: np.asarray(v) for k, v in grads.items() if k.startswith(name + "/")}
+                self.t.send(M.GRADS, 0, gmsg.replace(arrays=sub, meta={"stage_name": name}))
+        reply = Message(msg.kind, msg.epoch, msg.stage, msg.interval, msg.partition, msg.version,
+                        arrays={k: np.asarray(v) for k, v in arrays.items()},
+                        meta={"attempt": msg.meta.get("attempt", 0), **scalars, "busy_s": dt})
+        self.t.send(M.TENSOR_RESULTS, msg.partition, reply)
+
+    def stats(self) -> dict:
+        st = super().stats()
+        with self._lock:
+            c = dict(self.counters)
+        st.update({k: c.get(k, 0) for k in ("invocations", "retries", "throttled", "service_errors",
+                                            "connection_errors", "function_errors", "handler_retryable_errors",
+                                            "failed_tasks", "duplicates_skipped", "billed_ms", "billed_estimated",
+                                            "s3_puts", "s3_gets", "s3_bytes_put", "s3_bytes_get", "bytes_sent",
+                                            "bytes_received")})
+        st.update(function=self.function, bucket=self.bucket, memory_mb=self.memory_mb, run_id=self.run_id)
+        return st
