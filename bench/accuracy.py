@@ -1,0 +1,62 @@
+"""Bench: test accuracy over seeds for the whole-graph trainer and the pipelined engine at each staleness.
+
+Prints one JSON line per run (with the per-epoch validation accuracy, for epochs-to-target) and one summary line
+per configuration. Example: python bench/accuracy.py --datasets cora citeseer --models gcn gat --seeds 10
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--datasets", nargs="+", default=["cora", "citeseer"])
+    p.add_argument("--models", nargs="+", default=["gcn", "gat"])
+    p.add_argument("--seeds", type=int, default=10)
+    p.add_argument("--engines", nargs="+", default=["whole"],
+                   help="whole, or sN / none / asyncN for the pipelined engine at staleness N")
+    p.add_argument("--partitions", type=int, default=2)
+    p.add_argument("--intervals", type=int, default=4)
+    p.add_argument("--data-dir", default=None)
+    args = p.parse_args(argv)
+
+    import numpy as np
+
+    from pipelines.config import TrainConfig
+    from pipelines.data.registry import load_dataset
+    from pipelines.engine.runner import train_engine
+    from pipelines.train import train
+
+    for ds in args.datasets:
+        graph = load_dataset(ds, args.data_dir)
+        for model in args.models:
+            for eng in args.engines:
+                accs = []
+                for seed in range(args.seeds):
+                    if eng == "whole":
+                        r = train(TrainConfig(model=model, seed=seed).resolved(), graph)
+                    else:
+                        wu = "async" if eng.startswith("async") else "sync"
+                        s = None if eng == "none" else int(eng.lstrip("asyncs"))
+                        cfg = TrainConfig(model=model, seed=seed, partitions=args.partitions,
+                                          intervals=args.intervals, staleness=s, wu=wu).resolved()
+                        r = train_engine(cfg, graph)
+                    accs.append(r.summary["test_acc"])
+                    print(json.dumps({"bench": "accuracy", "dataset": ds, "model": model, "engine": eng,
+                                      "seed": seed, "test_acc": r.summary["test_acc"],
+                                      "best_epoch": r.summary["best_epoch"], "epochs": r.summary["epochs"],
+                                      "seconds": r.summary["seconds"],
+                                      "val_acc": [round(h["val_acc"], 4) for h in r.history]}), flush=True)
+                print(json.dumps({"bench": "accuracy-summary", "dataset": ds, "model": model, "engine": eng,
+                                  "seeds": args.seeds, "mean_test_acc": float(np.mean(accs)),
+                                  "std_test_acc": float(np.std(accs))}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
