@@ -80,3 +80,16 @@ def test_fetch_missing_on_server_and_unknown(tmp_path, serve, monkeypatch):
     monkeypatch.delenv("DORYLUS_DATASET_BASE_URL", raising=False)
     with pytest.raises(DataError, match="DORYLUS_DATASET_BASE_URL"):
         fetch("coauthor-cs", tmp_path / "data")
+
+
+def test_cli_data_fetch_then_train(data_dir, tmp_path, serve, capsys):
+    from pipelines.cli import main
+
+    base = serve(data_dir)
+    out = tmp_path / "data"
+    assert main(["data", "fetch", "citeseer", "--data-dir", str(out), "--base-url", base]) == 0
+    assert "8 files verified" in capsys.readouterr().out
+    assert main(["train", "--dataset", "citeseer", "--data-dir", str(out), "--epochs", "3", "--quiet",
+                 "--out", str(tmp_path / "run")]) == 0
+    assert main(["data", "fetch", "no-such-graph", "--data-dir", str(out), "--base-url", base]) == 2
+    assert "unknown dataset" in capsys.readouterr().err.lower()
