@@ -84,7 +84,11 @@ class GraphServer:
         self.bwd_total = collections.defaultdict(dict)   # (ps, name) -> e -> owned-row gradient
         self.global_wm = collections.defaultdict(set)  # (dir, stage, epoch) -> partitions that finished it
         self.latest_version = -1
+        self.start_epoch = start_epoch  # a resumed run starts here; it counts as epoch 0 for staleness
         self.epoch = [start_epoch] * self.K
+        # Global ids of the rows SC sends to / receives from each partition (ghost rows travel as vertex blocks).
+        self.sc_ids = {q: plan.owned[idx].astype(np.int64) for q, idx in plan.send.items()}
+        self.ghost_ids = {q: plan.ghosts[idx].astype(np.int64) for q, idx in plan.recv.items()}
         self.state = [_Interval() for _ in range(self.K)]
         self.inflight: dict[tuple, list] = {}
         self.ema: dict[str, float] = {}
@@ -138,7 +142,7 @@ class GraphServer:
 
     # ------------------------------------------------------------------------------------------------ helpers
     def version_for(self, e: int) -> int:
-        return max(e - self.S, 0)
+        return max(e - self.S, self.start_epoch)
 
     def seed_for(self, e: int, s: int) -> int:
         return int(dropout_seeds(self.seed, e, len(self.stages))[s])
@@ -155,7 +159,7 @@ class GraphServer:
             return self._static_cols[i]
         if len(self.fwd_done[ps][e]) < self.K:
             return None
-        e_ghost = max(e - self.S, 0)
+        e_ghost = max(e - self.S, self.start_epoch)
         wm = self.ghost_wm[(ps, name)]
         if wm and min(wm.values()) < e_ghost:
             return None
@@ -224,7 +228,8 @@ class GraphServer:
                 continue
             store = self._store(s, name, e)
             for q, idx in self.plan.send.items():
-                self.t.send(M.GHOSTS, q, Message("SC", e, s, -1, self.p, -1, arrays={name: store[idx]},
+                self.t.send(M.GHOSTS, q, Message("SC", e, s, -1, self.p, -1,
+                                                 arrays={name: store[idx], "vertex": self.sc_ids[q]},
                                                  meta={"name": name}))
         for q in range(self.P):
             if q != self.p:
@@ -234,6 +239,7 @@ class GraphServer:
     def _on_ghosts(self, msg: Message) -> None:
         name = msg.meta["name"]
         q, e, s = msg.partition, msg.epoch, msg.stage
+        self._check_ids(msg, self.ghost_ids)
         store = self._ensure_store(s, name, e, msg.arrays[name].shape[1:])
         store[self.n_own + self.plan.recv[q]] = msg.arrays[name]
         self.ghost_wm[(s, name)][q] = max(self.ghost_wm[(s, name)][q], e)
@@ -265,7 +271,7 @@ class GraphServer:
         local = self.bwd_sum[(ps, name)].get(e)
         if local is None:
             return None
-        e_ghost = max(e - self.S, 0)
+        e_ghost = max(e - self.S, self.start_epoch)
         wm = self.bwd_wm[(ps, name)]
         if wm and min(wm.values()) < e_ghost:
             return None
@@ -294,14 +300,22 @@ class GraphServer:
         self.bwd_sum[(ps, name)][e] = total
         for q, idx in self.plan.recv.items():
             self.t.send(M.GHOST_GRADS, q, Message("SC_BWD", e, ps, -1, self.p, -1,
-                                                  arrays={name: total[self.n_own + idx]}, meta={"name": name}))
+                                                  arrays={name: total[self.n_own + idx],
+                                                          "vertex": self.ghost_ids[q]}, meta={"name": name}))
         for q in range(self.P):
             if q != self.p:
                 self.t.send(M.WATERMARKS, q, Message("WM", e, ps, -1, self.p, -1, meta={"dir": "B"}))
         self.busy_s["SC_BWD"] += time.perf_counter() - t0
 
+    def _check_ids(self, msg: Message, expected: dict) -> None:
+        ids = msg.arrays.get("vertex")
+        if ids is not None and not np.array_equal(ids, expected.get(msg.partition, ())):
+            raise EngineError(f"{msg.kind} rows from partition {msg.partition} (epoch {msg.epoch}) name vertices "
+                              f"that partition {self.p} does not exchange with it")
+
     def _on_ghost_grads(self, msg: Message) -> None:
         name = msg.meta["name"]
+        self._check_ids(msg, self.sc_ids)
         self.bwd_remote[(msg.stage, name)][msg.epoch][msg.partition] = msg.arrays[name]
         wm = self.bwd_wm[(msg.stage, name)]
         wm[msg.partition] = max(wm[msg.partition], msg.epoch)

@@ -130,6 +130,7 @@ class LocalPool(TensorWorker):
                     self.t.send(M.TENSOR_RESULTS, msg.partition, msg.replace(kind="ERROR", arrays={},
                                                                               meta={**msg.meta, "error": str(e),
                                                                                     "task": msg.kind}))
+            consumer.commit()  # the task is handled: a restarted worker need not run it again
 
     def _run(self, msg: Message) -> None:
         fail, delay = self._draw()
