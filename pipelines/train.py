@@ -46,6 +46,7 @@ class TrainResult:
     best_params: dict
     history: list[dict]
     summary: dict
+    opt_state: object = None    # the optimizer state after the last step (warm starts continue from it)
 
 
 def _tree_to_npz(params: dict, prefix: str = "") -> dict[str, np.ndarray]:
@@ -129,8 +130,12 @@ def progress(total: int, enabled: bool, desc: str):
     return tqdm(total=total, disable=not enabled, desc=desc, unit="epoch", leave=False, dynamic_ncols=True)
 
 
-def train(cfg: TrainConfig, graph: Graph, out: Path | None = None, show_progress: bool = False) -> TrainResult:
-    """Full-graph training on one machine; writes metrics, weights and the summary into `out` if given."""
+def train(cfg: TrainConfig, graph: Graph, out: Path | None = None, show_progress: bool = False,
+          init_params: dict | None = None, init_opt_state=None) -> TrainResult:
+    """Full-graph training on one machine; writes metrics, weights and the summary into `out` if given.
+
+    init_params / init_opt_state (optional) warm-start from earlier weights and optimizer state (continuous
+    training continues each round from the previous one); by default both are initialized from cfg.seed."""
     model = build_model(cfg, graph)
     x, a = model_inputs(cfg, graph)
     adj = Adjacency.from_scipy(a).to_device()
@@ -138,8 +143,10 @@ def train(cfg: TrainConfig, graph: Graph, out: Path | None = None, show_progress
     labels = jnp.asarray(graph.labels)
     masks = tuple(jnp.asarray(m) for m in (graph.train_mask, graph.val_mask, graph.test_mask))
     params = model.init(jax.random.PRNGKey(cfg.seed))
+    if init_params is not None:
+        params = jax.tree_util.tree_map(jnp.array, init_params)  # copies: the step donates its inputs
     tx = make_optimizer(cfg.lr, cfg.weight_decay, model.decay_mask(params))
-    opt_state = tx.init(params)
+    opt_state = tx.init(params) if init_opt_state is None else jax.tree_util.tree_map(jnp.array, init_opt_state)
 
     step = make_train_step(model, tx)
     evaluator = Evaluator(model)
@@ -197,4 +204,5 @@ def train(cfg: TrainConfig, graph: Graph, out: Path | None = None, show_progress
         rundir.atomic_write_npz(out / "weights.npz", _tree_to_npz(best_params))
         rundir.atomic_write_json(out / "summary.json", summary)
     params = jax.tree_util.tree_map(np.asarray, params)
-    return TrainResult(params, best_params, history, summary)
+    opt_state = jax.tree_util.tree_map(np.asarray, opt_state)
+    return TrainResult(params, best_params, history, summary, opt_state)
