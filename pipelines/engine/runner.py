@@ -48,11 +48,25 @@ class Engine:
     versions: dict
 
 
-def build_engine(cfg: TrainConfig, graph: Graph, transport=None, epochs: int | None = None) -> Engine:
-    from ops import models
-    from pipelines.transports.memory import MemoryTransport
+@dataclasses.dataclass
+class RunContext:
+    """What every role derives from (config, graph) alone. Deterministic: the partition plan, the initial weights
+    and the optimizer are functions of the config and its seed, so separate processes build the same ones."""
 
-    transport = transport or MemoryTransport()
+    model: object
+    spec: dict
+    x: object
+    a: object
+    plan: object
+    params: dict
+    tx: object
+    param_stages: list
+    n_train: int
+
+
+def run_context(cfg: TrainConfig, graph: Graph) -> RunContext:
+    from ops import models
+
     model = build_model(cfg, graph)
     spec = model_spec(cfg, graph)
     assert models.from_spec(spec).stages == model.stages
@@ -63,22 +77,55 @@ def build_engine(cfg: TrainConfig, graph: Graph, transport=None, epochs: int | N
     # Async WU takes one optimizer step per interval: scale the step so an epoch moves as far as one sync step.
     lr = cfg.lr if cfg.wu == "sync" else cfg.lr / k
     tx = make_optimizer(lr, cfg.weight_decay, model.decay_mask(params))
-    epochs = cfg.epochs if epochs is None else epochs
-    versions: dict = {}
     param_stages = [s.name for s in model.stages if s.has_params]
-    ps = ParameterServer(transport, params, tx, partitions=cfg.partitions, intervals=cfg.intervals,
-                         param_stages=param_stages, mode=cfg.wu, staleness=cfg.staleness, epochs=epochs,
-                         on_version=lambda v, w: versions.__setitem__(v, w))
-    pool = make_tensor_workers(cfg, transport, spec)
-    n_train = int(graph.train_mask.sum())
-    servers = []
-    for pp in plan.partitions:
-        servers.append(GraphServer(
-            transport, pp, model, spec, features=x, labels=graph.labels[pp.owned],
-            train_mask=graph.train_mask[pp.owned], num_partitions=cfg.partitions, staleness=cfg.staleness,
-            epochs=epochs, seed=cfg.seed, loss_scale=1.0 / max(n_train, 1), straggler_k=cfg.straggler_k,
-            straggler_min_s=cfg.straggler_min_s))
-    return Engine(cfg, graph, plan, transport, ps, pool, servers, [], versions)
+    return RunContext(model, spec, x, a, plan, params, tx, param_stages, int(graph.train_mask.sum()))
+
+
+def build_param_server(cfg: TrainConfig, graph: Graph, transport, *, ctx: RunContext | None = None,
+                       epochs: int | None = None, on_version=None) -> ParameterServer:
+    ctx = ctx or run_context(cfg, graph)
+    return ParameterServer(transport, ctx.params, ctx.tx, partitions=cfg.partitions, intervals=cfg.intervals,
+                           param_stages=ctx.param_stages, mode=cfg.wu, staleness=cfg.staleness,
+                           epochs=cfg.epochs if epochs is None else epochs, on_version=on_version)
+
+
+def build_graph_server(cfg: TrainConfig, graph: Graph, transport, partition: int, *,
+                       ctx: RunContext | None = None, epochs: int | None = None,
+                       start_epoch: int = 0) -> GraphServer:
+    ctx = ctx or run_context(cfg, graph)
+    pp = ctx.plan.partitions[partition]
+    return GraphServer(
+        transport, pp, ctx.model, ctx.spec, features=ctx.x, labels=graph.labels[pp.owned],
+        train_mask=graph.train_mask[pp.owned], num_partitions=cfg.partitions, staleness=cfg.staleness,
+        epochs=cfg.epochs if epochs is None else epochs, seed=cfg.seed, loss_scale=1.0 / max(ctx.n_train, 1),
+        straggler_k=cfg.straggler_k, straggler_min_s=cfg.straggler_min_s, start_epoch=start_epoch)
+
+
+def build_tensor_workers(cfg: TrainConfig, graph: Graph, transport, *, ctx: RunContext | None = None):
+    return make_tensor_workers(cfg, transport, ctx.spec if ctx is not None else model_spec(cfg, graph))
+
+
+def build_engine(cfg: TrainConfig, graph: Graph, transport=None, epochs: int | None = None,
+                 init_params: dict | None = None, init_opt_state=None) -> Engine:
+    from pipelines.transports.memory import MemoryTransport
+
+    transport = transport or MemoryTransport()
+    ctx = run_context(cfg, graph)
+    versions: dict = {}
+    ps = build_param_server(cfg, graph, transport, ctx=ctx, epochs=epochs,
+                            on_version=lambda v, w: versions.__setitem__(v, w))
+    if init_params is not None or init_opt_state is not None:
+        # A warm start (continuous training) continues from earlier weights and optimizer state.
+        from pipelines.engine import param_server
+
+        state = param_server.init(ctx.params if init_params is None else init_params, ctx.tx)
+        if init_opt_state is not None:
+            state = dataclasses.replace(state, opt_state=init_opt_state)
+        ps.state = state
+    pool = build_tensor_workers(cfg, graph, transport, ctx=ctx)
+    servers = [build_graph_server(cfg, graph, transport, p, ctx=ctx, epochs=epochs)
+               for p in range(cfg.partitions)]
+    return Engine(cfg, graph, ctx.plan, transport, ps, pool, servers, [], versions)
 
 
 def _start(engine: Engine) -> None:
@@ -106,14 +153,16 @@ def _raise_role_errors(engine: Engine) -> None:
 
 
 def train_engine(cfg: TrainConfig, graph: Graph, out: Path | None = None, show_progress: bool = False,
-                 transport=None, stall_timeout: float = 300.0, evaluate: bool = True) -> TrainResult:
+                 transport=None, stall_timeout: float = 300.0, evaluate: bool = True,
+                 init_params: dict | None = None, init_opt_state=None) -> TrainResult:
     """Train with the separated, pipelined engine; same outputs as `pipelines.train.train` plus engine stats.
 
-    evaluate=False skips the driver's per-epoch accuracy pass (benchmarks time the pipeline alone)."""
+    evaluate=False skips the driver's per-epoch accuracy pass (benchmarks time the pipeline alone).
+    init_params / init_opt_state (optional) warm-start from earlier weights and optimizer state."""
     from pipelines.engine.cost import CostMeter, load_prices
 
     prices = load_prices(cfg.prices)
-    engine = build_engine(cfg, graph, transport)
+    engine = build_engine(cfg, graph, transport, init_params=init_params, init_opt_state=init_opt_state)
     meter = CostMeter(cfg, prices, engine.pool)
     model = build_model(cfg, graph)
     x, a = model_inputs(cfg, graph)
@@ -258,4 +307,4 @@ def train_engine(cfg: TrainConfig, graph: Graph, out: Path | None = None, show_p
 
         rundir.atomic_write_npz(out / "weights.npz", _tree_to_npz(best_params))
         rundir.atomic_write_json(out / "summary.json", summary)
-    return TrainResult(final, best_params, history, summary)
+    return TrainResult(final, best_params, history, summary, engine.ps.state.opt_state)
