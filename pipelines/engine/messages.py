@@ -51,6 +51,16 @@ def copy_arrays(msg: Message) -> Message:
     return msg.replace(arrays={k: np.array(v, copy=True) for k, v in msg.arrays.items()}, meta=dict(msg.meta))
 
 
+def freeze_arrays(msg: Message) -> Message:
+    """Read-only views of the payload: the receiver can read the sender's buffers but never write them."""
+    frozen = {}
+    for k, v in msg.arrays.items():
+        v = np.asarray(v).view()
+        v.flags.writeable = False
+        frozen[k] = v
+    return msg.replace(arrays=frozen, meta=dict(msg.meta))
+
+
 class EngineError(RuntimeError):
     """The engine met something that must not happen (an unknown interval, a weight version that does not exist)."""
 

@@ -5,7 +5,7 @@ import collections
 import threading
 import time
 
-from pipelines.engine.messages import Message, copy_arrays
+from pipelines.engine.messages import Message, copy_arrays, freeze_arrays
 from pipelines.transports.base import Consumer, Transport
 
 
@@ -18,9 +18,11 @@ class _Log:
 
 class MemoryTransport(Transport):
     """Kafka's semantics in one process: consumers of one group split a channel, each group sees every message.
-    Payloads are copied on send, so roles share nothing mutable, as if the bytes had crossed a network."""
 
-    def __init__(self, copy: bool = True):
+    Roles share nothing mutable: payloads travel as read-only views (a role that tried to write into a received
+    array would get an error), or as copies with copy=True, as if the bytes had crossed a network."""
+
+    def __init__(self, copy: bool = False):
         self._logs: dict[tuple[str, int], _Log] = collections.defaultdict(_Log)
         self._cv = threading.Condition()
         self._copy = copy
@@ -29,8 +31,7 @@ class MemoryTransport(Transport):
         self._groups = 0
 
     def send(self, kind: str, partition: int, msg: Message) -> None:
-        if self._copy:
-            msg = copy_arrays(msg)
+        msg = copy_arrays(msg) if self._copy else freeze_arrays(msg)
         with self._cv:
             self._logs[(kind, partition)].items.append(msg)
             self._sent[kind] += 1
