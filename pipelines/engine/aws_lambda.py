@@ -398,9 +398,14 @@ class AwsLambdaPool(QueuedPool):
                 self.counters["duplicates_skipped"] += 1
             return
         t0 = time.perf_counter()
+        event = None
         try:
             event, size = self.build_event(msg)
-            resp = self.invoke(event, size)
+            try:
+                resp = self.invoke(event, size)
+            finally:
+                if "s3" in event["input"] and not self.keep_objects:
+                    self._delete(event["input"]["s3"]["bucket"], event["input"]["s3"]["key"])
             arrays, grads, scalars = LH.decode_result(resp, fetch=self._fetch)
         except EngineError:
             raise
