@@ -61,6 +61,11 @@ def _train_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--straggler-min-s", type=float)
     g.add_argument("--transport", choices=["memory", "kafka"])
     g.add_argument("--bootstrap", help="Kafka bootstrap HOST:PORT")
+    g.add_argument("--spawn-local", action="store_true",
+                   help="kafka: launch the graph servers, parameter server and tensor workers as processes here")
+    g.add_argument("--run-id", help="kafka: the run id naming its topics (default: generated)")
+    g.add_argument("--worker-processes", type=int, default=1, help="kafka: tensor-worker processes (default 1)")
+    g.add_argument("--resume", metavar="RUN_DIR", help="continue a Kafka run from its checkpoints")
     g = p.add_argument_group("serverless tensor workers (AWS Lambda) and cost")
     g.add_argument("--mode", choices=["serverless", "cpu-only"],
                    help="serverless: tensor tasks on tensor workers (Lambdas, or a local pool priced as Lambdas); "
@@ -86,9 +91,25 @@ def cmd_train(args) -> int:
     from pipelines import rundir
     from pipelines.data.registry import load_dataset
 
+    if getattr(args, "resume", None):
+        from pipelines.launch import resume_train
+
+        graph, result = resume_train(args.resume, bootstrap=args.bootstrap,
+                                     show_progress=not args.quiet and sys.stderr.isatty())
+        s = result.summary
+        print(f"{graph.name} {s['model']}: best val {s['best_val_acc']:.4f} (epoch {s['best_epoch']}), "
+              f"test {s['test_acc']:.4f}, resumed at epoch {s['resumed_from_epoch']}, {s['epochs']} epochs "
+              f"-> {args.resume}")
+        return 0
     file_values = load_toml(args.config) if args.config else {}
     flags = {k: getattr(args, k) for k in FIELDS if hasattr(args, k)}
     cfg = build_config(file_values, flags)
+    if cfg.transport == "kafka":  # an unreachable broker is a clear error before anything is written
+        from pipelines.transports.kafka import check_broker
+
+        check_broker(cfg.bootstrap)
+    elif getattr(args, "spawn_local", False):
+        raise ConfigError("--spawn-local launches roles that talk through Kafka: add --transport kafka")
     graph = load_dataset(cfg.dataset, cfg.data_dir, seed=cfg.seed)
     if cfg.partitions > graph.num_nodes:
         raise ConfigError(f"partitions ({cfg.partitions}) exceeds the graph's {graph.num_nodes} vertices")
@@ -98,7 +119,12 @@ def cmd_train(args) -> int:
     out = rundir.prepare_out_dir(cfg.out, overwrite=args.overwrite)
     rundir.atomic_write_text(out / "config.toml", cfg.to_toml())
     show = not args.quiet and sys.stderr.isatty()
-    if cfg.engine:
+    if cfg.transport == "kafka":
+        from pipelines.launch import train_kafka
+
+        result = train_kafka(cfg, graph, out, spawn_local=args.spawn_local, run_id=args.run_id,
+                             workers=args.worker_processes, show_progress=show)
+    elif cfg.engine:
         from pipelines.engine.runner import train_engine
 
         result = train_engine(cfg, graph, out=out, show_progress=show)
@@ -161,6 +187,8 @@ def _extra_commands():
 
 def main(argv: list[str] | None = None) -> int:
     from pipelines.data.graph import DataError
+    from pipelines.engine.messages import EngineError
+    from pipelines.transports.base import TransportError
 
     try:
         args = build_parser().parse_args(argv)
@@ -168,9 +196,12 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as e:
         print(str(e), file=sys.stderr)
         return EXIT_USAGE
-    except (ConfigError, DataError, FileExistsError, FileNotFoundError) as e:
+    except (ConfigError, DataError, FileExistsError, FileNotFoundError, TransportError) as e:
         print(f"dorylus: error: {e}", file=sys.stderr)
         return EXIT_USAGE
+    except EngineError as e:  # a role failed (a process died, a task failed for good): one line, exit 1
+        print(f"dorylus: error: {e}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("dorylus: interrupted", file=sys.stderr)
         return 130

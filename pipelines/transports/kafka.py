@@ -1,0 +1,658 @@
+"""The Kafka transport: the engine's channels as Kafka topics, messages as Arrow IPC streams (kafka-python).
+
+Topics
+------
+One topic per run and channel kind: ``dorylus.<run_id>.<kind>`` (``dorylus.<run_id>.tensor``,
+``.tensor.out``, ``.ghosts``, ``.ghosts.grad``, ``.watermarks``, ``.grads``, ``.weights``, ``.metrics``,
+``.control``) plus ``dorylus.<run_id>.dead-letter``. Kafka partition = engine channel partition = graph-server
+id: the channels a graph server sends to or reads from (``tensor``, ``tensor.out``, ``ghosts``, ``ghosts.grad``,
+``watermarks``) have P partitions; ``control`` has P + 1 (partition P addresses the tensor workers); ``grads``,
+``weights``, ``metrics`` and ``dead-letter`` have one. The engine's tensor-task channel is one logical channel (a
+work queue: graph servers send every task to channel 0); its topic has P partitions and a task goes to the
+partition of the graph server that sent it, so tensor-worker processes in one consumer group split the graph
+servers between them. A resumed run writes to fresh topics: its run id is the
+first one's plus ``-r<n>`` (see `pipelines.launch`). Record keys are the interval (decimal ASCII, ``-1`` where
+none) and headers name the task (``dorylus.kind``, ``.epoch``, ``.stage``, ``.interval``); values are Arrow IPC
+streams (`pipelines.transports.codec`) that any Arrow reader decodes.
+
+Delivery
+--------
+Producer: ``acks=all``, idempotent, unbounded retries within ``delivery_timeout_ms``, so a broker restart loses
+and duplicates nothing; a delivery that finally fails makes the next ``send``/``flush`` raise. Consumers commit
+offsets only in ``commit()``, which the engine calls after it has handled a poll's messages (at-least-once; the
+engine discards duplicates). A group that reads only the tensor-task channel (the tensor workers) is a Kafka
+consumer group with partition assignment, shared in-process by the pool's threads; every other reader assigns
+itself its partitions. Values that do not decode (corrupt bytes, a schema that is not the engine's, another run's
+message) go to the dead-letter topic with the reason in the headers and are counted, never handed to the engine.
+
+Sizes
+-----
+Messages are refused before sending when the encoded value exceeds ``max_message_bytes`` (default 64 MiB, the
+broker's ``message.max.bytes`` in infra/local; topics are created with ``max.message.bytes`` set to it), with an
+error that names the message and suggests more intervals. The producer's ``max_request_size`` is that limit plus
+record overhead; consumers fetch up to ``max_partition_fetch_bytes`` = 8 MiB per partition and ``fetch_max_bytes``
+= the limit + 1 MiB per request (Kafka returns a larger single message anyway, so nothing ever stalls).
+"""
+from __future__ import annotations
+
+import collections
+import logging
+import re
+import sys
+import threading
+import time
+
+from pipelines.engine import messages as M
+from pipelines.engine.messages import Message
+from pipelines.transports import codec
+from pipelines.transports.base import Consumer, Transport, TransportError
+
+DEAD_LETTER = "dead-letter"
+SINGLE_PARTITION = (M.GRADS, M.WEIGHTS, M.METRICS)
+#: kinds read by work-sharing groups (Kafka partition assignment); every other reader assigns its partitions.
+#: Their one engine channel spreads over P Kafka partitions, by the sending graph server.
+BALANCED_KINDS = (M.TENSOR_TASKS,)
+DEFAULT_MAX_MESSAGE_BYTES = 64 * 2**20
+RECORD_OVERHEAD = 64 * 2**10          # room for the record batch header, key and headers
+COMPRESS_MIN_BYTES = 16 * 2**10       # smaller payloads are sent uncompressed
+_RUN_ID_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,150}$")
+
+log = logging.getLogger(__name__)
+
+
+def topic_name(run_id: str, kind: str) -> str:
+    return f"dorylus.{run_id}.{kind}"
+
+
+def topic_partitions(kind: str, partitions: int) -> int:
+    """Kafka partitions of a channel kind in a run with `partitions` graph servers."""
+    if kind in SINGLE_PARTITION or kind == DEAD_LETTER:
+        return 1
+    if kind == M.CONTROL:
+        return partitions + 1
+    return partitions
+
+
+def channel_partitions(kind: str, partitions: int) -> int:
+    """Engine channels of a kind (the partitions `send` and `consumer` name)."""
+    return 1 if kind in BALANCED_KINDS else topic_partitions(kind, partitions)
+
+
+def worker_control_partition(partitions: int) -> int:
+    """The control partition the tensor workers read (graph server p reads partition p)."""
+    return partitions
+
+
+def check_run_id(run_id: str) -> str:
+    if not isinstance(run_id, str) or not _RUN_ID_RE.match(run_id):
+        raise TransportError(f"run id {run_id!r} must be 1-151 letters, digits, '_', '.' or '-' (it names topics)")
+    return run_id
+
+
+def _import_kafka():
+    try:
+        import kafka  # noqa: F401
+    except ImportError:  # pragma: no cover
+        raise TransportError("the kafka transport needs kafka-python (pip install 'dorylus[kafka]')") from None
+    return kafka
+
+
+def check_broker(bootstrap: str | None, timeout_s: float = 10.0) -> None:
+    """Raise TransportError (one line) unless a Kafka broker answers at `bootstrap` within `timeout_s`."""
+    if not bootstrap:
+        raise TransportError("the kafka transport needs --bootstrap HOST:PORT")
+    kafka = _import_kafka()
+    t0 = time.monotonic()
+    try:
+        admin = kafka.KafkaAdminClient(bootstrap_servers=bootstrap, bootstrap_timeout_ms=int(timeout_s * 1000),
+                                       request_timeout_ms=int(timeout_s * 1000), client_id="dorylus-check")
+    except Exception as e:  # KafkaTimeoutError, NoBrokersAvailable, socket errors, bad host strings
+        raise TransportError(f"Kafka broker at {bootstrap} is unreachable (gave up after "
+                             f"{time.monotonic() - t0:.0f}s: {type(e).__name__}: {e})") from None
+    admin.close()
+
+
+class KafkaTransport(Transport):
+    """Channels (kind, partition) of one run as Kafka topic partitions; see the module docstring.
+
+    linger_consumers: `Consumer.close()` keeps the Kafka consumer until `drain()`/`close()` of the transport,
+    so a role process can read its channels to their end before it exits (exact message accounting).
+    """
+
+    def __init__(self, bootstrap: str, run_id: str, partitions: int, *, compression: str | None = "lz4",
+                 max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES, connect_timeout_s: float = 10.0,
+                 create_topics: bool = True, replication_factor: int = 1, client_id: str = "dorylus",
+                 linger_consumers: bool = False, commit_interval_s: float = 0.5,
+                 delivery_timeout_s: float = 600.0):
+        kafka = _import_kafka()
+        self.bootstrap = bootstrap
+        self.run_id = check_run_id(run_id)
+        self.partitions = int(partitions)
+        self.compression = compression
+        self.max_message_bytes = int(max_message_bytes)
+        self.replication_factor = replication_factor
+        self.client_id = client_id
+        self.linger_consumers = linger_consumers
+        self.commit_interval_s = commit_interval_s
+        self.connect_timeout_s = connect_timeout_s
+        self._lock = threading.Lock()
+        self._error: BaseException | None = None
+        self._sent = collections.Counter()       # (kind, p) -> sends issued
+        self._acked = collections.Counter()      # (kind, p) -> sends the broker acknowledged
+        self._acked_bytes = collections.Counter()  # kind -> value bytes acknowledged
+        self._payload_bytes = collections.Counter()  # kind -> array bytes (before encoding) acknowledged
+        self._failed = collections.Counter()     # (kind, p) -> deliveries that failed for good
+        self._consumed = collections.Counter()   # (kind, p, group) -> messages handed to the engine
+        self._dead = collections.Counter()       # (kind, p) -> values sent to the dead-letter topic
+        self._dead_reasons: list[str] = []
+        self._consumers: list = []
+        self._shared: dict[str, _SharedGroup] = {}
+        check_broker(bootstrap, connect_timeout_s)
+        if create_topics:
+            self.ensure_topics()
+        self._producer = kafka.KafkaProducer(
+            bootstrap_servers=bootstrap, client_id=f"{client_id}-producer", acks="all", enable_idempotence=True,
+            retries=float("inf"), max_in_flight_requests_per_connection=5, linger_ms=0,
+            batch_size=256 * 2**10, max_request_size=self.max_message_bytes + RECORD_OVERHEAD,
+            request_timeout_ms=30000, delivery_timeout_ms=int(delivery_timeout_s * 1000),
+            max_block_ms=int(delivery_timeout_s * 1000), reconnect_backoff_max_ms=1000,
+            bootstrap_timeout_ms=int(connect_timeout_s * 1000))
+
+    # ---------------------------------------------------------------------------------------------- topics
+    def topic(self, kind: str) -> str:
+        return topic_name(self.run_id, kind)
+
+    def kinds(self) -> list[str]:
+        return [*M.ALL_KINDS, DEAD_LETTER]
+
+    def ensure_topics(self, timeout_s: float = 30.0) -> None:
+        """Create the run's topics (idempotent: several processes may race to create them)."""
+        kafka = _import_kafka()
+        admin = kafka.KafkaAdminClient(bootstrap_servers=self.bootstrap, client_id=f"{self.client_id}-admin",
+                                       bootstrap_timeout_ms=int(self.connect_timeout_s * 1000))
+        try:
+            want = {self.topic(k): topic_partitions(k, self.partitions) for k in self.kinds()}
+            spec = {name: {"num_partitions": n, "replication_factor": self.replication_factor,
+                           "configs": {"max.message.bytes": str(self.max_message_bytes)}}
+                    for name, n in want.items()}
+            resp = admin.create_topics(spec, raise_errors=False)
+            for t in resp.get("topics", []):
+                if t["error_code"] not in (0, 36):  # 36: TOPIC_ALREADY_EXISTS
+                    raise TransportError(f"cannot create topic {t['name']}: {t.get('error_message')} "
+                                         f"(error {t['error_code']})")
+            admin.wait_for_topics(list(want), timeout_ms=int(timeout_s * 1000))
+            for desc in admin.describe_topics(list(want)):
+                have = len(desc.get("partitions", []))
+                if have < want[desc["name"]]:
+                    raise TransportError(f"topic {desc['name']} has {have} partitions, this run needs "
+                                         f"{want[desc['name']]} (a run id reused with more partitions?)")
+        finally:
+            admin.close()
+
+    # ---------------------------------------------------------------------------------------------- sending
+    def _raise_if_failed(self) -> None:
+        if self._error is not None:
+            raise self._error
+
+    def send(self, kind: str, partition: int, msg: Message) -> None:
+        self._raise_if_failed()
+        nbytes = msg.nbytes()
+        comp = self.compression if nbytes >= COMPRESS_MIN_BYTES else None
+        value = codec.encode(msg, self.run_id, comp)
+        if len(value) > self.max_message_bytes - RECORD_OVERHEAD:
+            raise TransportError(
+                f"{msg.kind} message for {kind}[{partition}] (epoch {msg.epoch}, stage {msg.stage}, interval "
+                f"{msg.interval}) is {len(value) / 2**20:.1f} MiB encoded, over the Kafka message limit of "
+                f"{(self.max_message_bytes - RECORD_OVERHEAD) / 2**20:.1f} MiB (broker message.max.bytes); "
+                f"use more intervals so blocks are smaller")
+        if not 0 <= partition < channel_partitions(kind, self.partitions):
+            raise TransportError(f"channel {kind}[{partition}] does not exist in a run with {self.partitions} "
+                                 f"graph servers")
+        if kind in BALANCED_KINDS:  # one work queue, spread over the topic's partitions by graph server
+            partition = msg.partition % topic_partitions(kind, self.partitions)
+        headers = [("dorylus.kind", msg.kind.encode()), ("dorylus.epoch", str(msg.epoch).encode()),
+                   ("dorylus.stage", str(msg.stage).encode()), ("dorylus.interval", str(msg.interval).encode())]
+        with self._lock:
+            self._sent[(kind, partition)] += 1
+        fut = self._producer.send(self.topic(kind), value=value, key=str(msg.interval).encode(), headers=headers,
+                                  partition=partition)
+        fut.add_callback(self._on_ack, kind, partition, len(value), nbytes)
+        fut.add_errback(self._on_fail, kind, partition, msg.kind)
+
+    def _on_ack(self, kind, partition, size, nbytes, _meta):
+        with self._lock:
+            self._acked[(kind, partition)] += 1
+            self._acked_bytes[kind] += size
+            self._payload_bytes[kind] += nbytes
+
+    def _on_fail(self, kind, partition, what, exc):
+        with self._lock:
+            self._failed[(kind, partition)] += 1
+            if self._error is None:
+                self._error = TransportError(f"delivery of a {what} message to {self.topic(kind)}[{partition}] "
+                                             f"failed: {type(exc).__name__}: {exc}")
+
+    def flush(self, timeout_s: float | None = None) -> None:
+        self._producer.flush(timeout=timeout_s)
+        self._raise_if_failed()
+
+    # ---------------------------------------------------------------------------------------------- receiving
+    def consumer(self, subscriptions, group=None) -> Consumer:
+        subs = [(k, int(p)) for k, p in subscriptions]
+        for k, p in subs:
+            if k not in M.ALL_KINDS:
+                raise TransportError(f"unknown channel kind {k!r}")
+            if not 0 <= p < channel_partitions(k, self.partitions):
+                raise TransportError(f"channel {k}[{p}] does not exist in a run with {self.partitions} "
+                                     f"graph servers")
+        balanced = [k for k, _ in subs if k in BALANCED_KINDS]
+        if balanced and (len(balanced) != len(subs) or group is None):
+            raise TransportError(f"the {BALANCED_KINDS} channels are work queues: read them alone, in a group")
+        if balanced:
+            with self._lock:
+                shared = self._shared.get(group)
+                if shared is None:
+                    shared = self._shared[group] = _SharedGroup(self, sorted({k for k, _ in subs}), group)
+            c = _MemberConsumer(shared)
+        else:
+            c = _AssignedConsumer(self, subs, group)
+        with self._lock:
+            self._consumers.append(c)
+        return c
+
+    def _new_kafka_consumer(self, group: str | None):
+        kafka = _import_kafka()
+        return kafka.KafkaConsumer(
+            bootstrap_servers=self.bootstrap, client_id=f"{self.client_id}-{group or 'anon'}",
+            group_id=None if group is None else f"dorylus.{self.run_id}.{group}",
+            enable_auto_commit=False, auto_offset_reset="earliest",
+            fetch_min_bytes=1, fetch_max_wait_ms=100, max_partition_fetch_bytes=8 * 2**20,
+            fetch_max_bytes=self.max_message_bytes + 2**20,
+            receive_message_max_bytes=2 * self.max_message_bytes + 2**20,
+            request_timeout_ms=30000, reconnect_backoff_max_ms=1000, session_timeout_ms=30000,
+            heartbeat_interval_ms=3000, max_poll_interval_ms=600000,
+            bootstrap_timeout_ms=int(self.connect_timeout_s * 1000))
+
+    def _kind_of(self, topic: str) -> str:
+        prefix = f"dorylus.{self.run_id}."
+        return topic[len(prefix):] if topic.startswith(prefix) else topic
+
+    def _decode_records(self, records, group: str | None) -> list[Message]:
+        """Decode polled records; undecodable ones go to the dead-letter topic."""
+        out = []
+        for rec in records:
+            kind = self._kind_of(rec.topic)
+            try:
+                if rec.value is None:
+                    raise codec.SchemaError("empty value (a tombstone)")
+                msg = codec.decode(rec.value, self.run_id)
+            except Exception as e:  # anything a foreign or corrupt value can raise
+                self._dead_letter(rec, kind, group, f"{type(e).__name__}: {e}")
+                continue
+            with self._lock:
+                self._consumed[(kind, rec.partition, group or "-")] += 1
+            out.append(msg)
+        return out
+
+    def _dead_letter(self, rec, kind: str, group: str | None, reason: str) -> None:
+        reason = reason[:2000]
+        headers = [("dorylus.error", reason.encode()), ("dorylus.source.topic", rec.topic.encode()),
+                   ("dorylus.source.partition", str(rec.partition).encode()),
+                   ("dorylus.source.offset", str(rec.offset).encode()),
+                   ("dorylus.group", (group or "-").encode())]
+        with self._lock:
+            self._dead[(kind, rec.partition)] += 1
+            self._dead_reasons.append(f"{rec.topic}[{rec.partition}]@{rec.offset}: {reason}")
+            del self._dead_reasons[:-20]
+        print(f"dorylus: dead letter: {rec.topic}[{rec.partition}]@{rec.offset} ({group}): {reason}",
+              file=sys.stderr, flush=True)
+        try:
+            value = rec.value if rec.value is not None else b""
+            self._producer.send(self.topic(DEAD_LETTER), value=value, key=rec.key, headers=headers, partition=0)
+        except Exception as e:  # the count and the log line above still record it
+            log.warning("could not write a dead letter: %s", e)
+
+    # ---------------------------------------------------------------------------------------------- lifecycle
+    def drain(self, timeout_s: float = 60.0) -> None:
+        """Read every (lingering) consumer's partitions to their current end, then commit.
+
+        For a role about to exit once nothing upstream produces any more: whatever is left (duplicates of
+        relaunched tasks, a last watermark) is consumed and dropped, so that per channel the messages
+        consumed equal the messages produced."""
+        deadline = time.monotonic() + timeout_s
+        for c in list(self._consumers):
+            c._drain(deadline)
+        for g in list(self._shared.values()):
+            g.drain(deadline)
+
+    def close(self) -> None:
+        for c in list(self._consumers):
+            c._close_now()
+        for g in list(self._shared.values()):
+            g.close()
+        try:
+            self._producer.flush(timeout=60)
+        finally:
+            self._producer.close(timeout=10)
+
+    def dead_letter_count(self) -> int:
+        """Messages in this run's dead-letter topic, written by any process."""
+        kafka = _import_kafka()
+        c = kafka.KafkaConsumer(bootstrap_servers=self.bootstrap, client_id=f"{self.client_id}-dl",
+                                bootstrap_timeout_ms=int(self.connect_timeout_s * 1000))
+        try:
+            tp = kafka.TopicPartition(self.topic(DEAD_LETTER), 0)
+            return int(c.end_offsets([tp])[tp])
+        finally:
+            c.close()
+
+    def stats(self) -> dict:
+        """Per kind: messages and value bytes the broker acknowledged; per channel (``kind/partition``): messages
+        produced (acknowledged) and consumed by each group; dead letters and failed deliveries."""
+        with self._lock:
+            channels: dict[str, dict] = {}
+            for (kind, p), n in self._acked.items():
+                channels.setdefault(f"{kind}/{p}", {"produced": 0, "consumed": {}})["produced"] = n
+            for (kind, p, g), n in self._consumed.items():
+                channels.setdefault(f"{kind}/{p}", {"produced": 0, "consumed": {}})["consumed"][g] = n
+            messages, byts = collections.Counter(), collections.Counter()
+            for (kind, p), n in self._acked.items():
+                messages[kind] += n
+            return {
+                "transport": "kafka",
+                "messages": dict(messages),
+                "bytes": dict(self._acked_bytes),
+                "payload_bytes": dict(self._payload_bytes),
+                "channels": channels,
+                "dead_letters": {f"{k}/{p}": n for (k, p), n in self._dead.items()},
+                "dead_letter_reasons": list(self._dead_reasons),
+                "failed_deliveries": {f"{k}/{p}": n for (k, p), n in self._failed.items()},
+                "unacknowledged": sum(self._sent.values()) - sum(self._acked.values()) - sum(self._failed.values()),
+            }
+
+    def offsets(self) -> dict:
+        """The offsets each consumer group of this process has processed: {group: {"topic/partition": offset}}."""
+        out: dict = {}
+        for c in list(self._consumers):
+            if isinstance(c, _AssignedConsumer):
+                out.setdefault(c.group or "-", {}).update(c.processed_offsets())
+        for g in list(self._shared.values()):
+            out.setdefault(g.group, {}).update(g.processed_offsets())
+        return out
+
+
+def merge_stats(parts: list[dict]) -> dict:
+    """Sum the transport stats of several processes (each counts what it produced and consumed)."""
+    out = {"transport": "kafka", "messages": collections.Counter(), "bytes": collections.Counter(),
+           "payload_bytes": collections.Counter(), "channels": {}, "dead_letters": collections.Counter(),
+           "dead_letter_reasons": [], "failed_deliveries": collections.Counter(), "unacknowledged": 0}
+    for s in parts:
+        if not s:
+            continue
+        for key in ("messages", "bytes", "payload_bytes", "dead_letters", "failed_deliveries"):
+            out[key].update(s.get(key, {}))
+        out["unacknowledged"] += int(s.get("unacknowledged", 0))
+        out["dead_letter_reasons"] += s.get("dead_letter_reasons", [])
+        for ch, v in s.get("channels", {}).items():
+            c = out["channels"].setdefault(ch, {"produced": 0, "consumed": {}})
+            c["produced"] += v.get("produced", 0)
+            for g, n in v.get("consumed", {}).items():
+                c["consumed"][g] = c["consumed"].get(g, 0) + n
+    for key in ("messages", "bytes", "payload_bytes", "dead_letters", "failed_deliveries"):
+        out[key] = dict(out[key])
+    out["dead_letter_total"] = sum(out["dead_letters"].values())
+    return out
+
+
+def _tp_key(tp) -> str:
+    return f"{tp.topic}/{tp.partition}"
+
+
+class _AssignedConsumer(Consumer):
+    """A reader of fixed partitions (Kafka `assign`), committing to its group when the engine says so."""
+
+    def __init__(self, transport: KafkaTransport, subs, group):
+        kafka = _import_kafka()
+        self.t = transport
+        self.group = group
+        self.kc = transport._new_kafka_consumer(group)
+        self.tps = [kafka.TopicPartition(transport.topic(k), p) for k, p in subs]
+        self.kc.assign(self.tps)
+        self._returned: dict = {}     # tp -> offset after the last record returned by poll
+        self._processed: dict = {}    # tp -> offset after the last record the engine has handled
+        self._committed: dict = {}
+        self._last_commit = 0.0
+        self._closed = False
+        self._gone = False
+        self._lock = threading.Lock()
+
+    def poll(self, timeout: float, max_messages: int = 256) -> list[Message]:
+        if self._closed:
+            return []
+        with self._lock:
+            batches = self.kc.poll(timeout_ms=int(max(timeout, 0.0) * 1000), max_records=max_messages)
+            records = []
+            for tp, recs in batches.items():
+                if recs:
+                    records.extend(recs)
+                    self._returned[tp] = recs[-1].offset + 1
+        return self.t._decode_records(records, self.group)
+
+    def commit(self) -> None:
+        self._processed.update(self._returned)
+        if self.group is None or self._processed == self._committed:
+            return
+        now = time.monotonic()
+        if now - self._last_commit < self.t.commit_interval_s:
+            return
+        self._commit(sync=False)
+
+    def _commit(self, sync: bool) -> None:
+        kafka = _import_kafka()
+        from kafka.structs import OffsetAndMetadata
+
+        offsets = {tp: OffsetAndMetadata(off, "", -1) for tp, off in self._processed.items()}
+        if not offsets:
+            return
+        self._last_commit = time.monotonic()
+        snapshot = dict(self._processed)
+        with self._lock:
+            try:
+                if sync:
+                    self.kc.commit(offsets, timeout_ms=10000)
+                    self._committed = snapshot
+                else:
+                    def done(_offsets, exc):
+                        if not isinstance(exc, Exception):
+                            self._committed = snapshot
+                    self.kc.commit_async(offsets, callback=done)
+            except kafka.errors.KafkaError as e:  # broker away: the next commit carries these offsets too
+                log.info("offset commit deferred: %s", e)
+
+    def processed_offsets(self) -> dict:
+        return {_tp_key(tp): off for tp, off in self._processed.items()}
+
+    def _drain(self, deadline: float) -> None:
+        if self._gone:
+            return
+        with self._lock:
+            end = self.kc.end_offsets(self.tps)
+        while time.monotonic() < deadline:
+            with self._lock:
+                behind = [tp for tp in self.tps if self.kc.position(tp) < end[tp]]
+            if not behind:
+                break
+            self.poll(0.1, max_messages=1024)
+        self._processed.update(self._returned)
+        if self.group is not None:
+            self._commit(sync=True)
+
+    def close(self) -> None:
+        """Commit what was handled; with a lingering transport the consumer stays readable until it closes."""
+        self._processed.update(self._returned)
+        if not self.t.linger_consumers:
+            self._closed = True
+            self._close_now()
+
+    def _close_now(self) -> None:
+        if self._gone:
+            return
+        self._processed.update(self._returned)
+        if self.group is not None:
+            self._commit(sync=True)
+        self._gone = True
+        try:
+            self.kc.close(autocommit=False, timeout_ms=5000)
+        except Exception:  # closing never fails a run
+            pass
+
+
+class _SharedGroup:
+    """One Kafka group member per process for a work-sharing group, handing records to in-process members.
+
+    Offsets are committed up to the first record a member has taken but not yet committed, so a record is never
+    marked consumed before the member that took it has handled it."""
+
+    def __init__(self, transport: KafkaTransport, kinds: list[str], group: str):
+        self.t = transport
+        self.group = group
+        self.kc = transport._new_kafka_consumer(group)
+        self.lock = threading.Lock()
+        self.buffer: collections.deque = collections.deque()
+        self.next_offset: dict = {}          # tp -> offset after the last record handed out
+        self.outstanding: dict = collections.defaultdict(set)  # tp -> offsets handed out, not committed
+        self.committed: dict = {}
+        self._last_commit = 0.0
+        self._gone = False
+        from kafka import ConsumerRebalanceListener
+
+        shared = self
+
+        class Listener(ConsumerRebalanceListener):
+            def on_partitions_revoked(self, revoked):
+                shared._commit_locked(sync=True)
+                gone = set(revoked)
+                shared.buffer = collections.deque(r for r in shared.buffer if r[0] not in gone)
+                for tp in gone:
+                    shared.next_offset.pop(tp, None)
+                    shared.outstanding.pop(tp, None)
+
+            def on_partitions_assigned(self, assigned):
+                pass
+
+        self.kc.subscribe([transport.topic(k) for k in kinds], listener=Listener())
+
+    def take(self, timeout: float, max_messages: int, member) -> list[Message]:
+        deadline = time.monotonic() + timeout
+        while True:
+            with self.lock:
+                if self._gone:
+                    return []
+                if not self.buffer:
+                    wait = max(0.0, min(deadline - time.monotonic(), 0.05))
+                    for tp, recs in self.kc.poll(timeout_ms=int(wait * 1000), max_records=64).items():
+                        self.buffer.extend((tp, r) for r in recs)
+                taken = []
+                while self.buffer and len(taken) < max_messages:
+                    tp, rec = self.buffer.popleft()
+                    self.next_offset[tp] = rec.offset + 1
+                    self.outstanding[tp].add(rec.offset)
+                    member.taken.append((tp, rec.offset))
+                    taken.append(rec)
+            if taken or time.monotonic() >= deadline:
+                return self.t._decode_records(taken, self.group)
+
+    def done(self, member) -> None:
+        with self.lock:
+            for tp, off in member.taken:
+                self.outstanding.get(tp, set()).discard(off)
+            member.taken.clear()
+            if time.monotonic() - self._last_commit >= self.t.commit_interval_s:
+                self._commit_locked(sync=False)
+
+    def _commit_locked(self, sync: bool) -> None:
+        from kafka.structs import OffsetAndMetadata
+        import kafka
+
+        offsets = {}
+        for tp, nxt in self.next_offset.items():
+            out = self.outstanding.get(tp)
+            off = min(out) if out else nxt
+            if self.committed.get(tp) != off:
+                offsets[tp] = off
+        if not offsets:
+            return
+        self._last_commit = time.monotonic()
+        try:
+            om = {tp: OffsetAndMetadata(off, "", -1) for tp, off in offsets.items()}
+            if sync:
+                self.kc.commit(om, timeout_ms=10000)
+            else:
+                self.kc.commit_async(om)
+            self.committed.update(offsets)
+        except kafka.errors.KafkaError as e:
+            log.info("offset commit deferred: %s", e)
+
+    def processed_offsets(self) -> dict:
+        with self.lock:
+            return {_tp_key(tp): off for tp, off in self.committed.items()}
+
+    def drain(self, deadline: float) -> None:
+        with self.lock:
+            if self._gone:
+                return
+            while time.monotonic() < deadline:
+                tps = list(self.kc.assignment())
+                if not tps:
+                    self.kc.poll(timeout_ms=100)
+                    tps = list(self.kc.assignment())
+                    if not tps:
+                        break
+                end = self.kc.end_offsets(tps)
+                if all(self.kc.position(tp) >= end[tp] for tp in tps) and not self.buffer:
+                    break
+                recs = [r for _, r in self.buffer]
+                self.buffer.clear()
+                for tp, rs in self.kc.poll(timeout_ms=100, max_records=1024).items():
+                    recs.extend(rs)
+                for r in recs:
+                    from kafka import TopicPartition
+
+                    tp = TopicPartition(r.topic, r.partition)
+                    self.next_offset[tp] = max(self.next_offset.get(tp, 0), r.offset + 1)
+                self.t._decode_records(recs, self.group)
+            self.outstanding.clear()
+            self._commit_locked(sync=True)
+
+    def close(self) -> None:
+        with self.lock:
+            if self._gone:
+                return
+            self._commit_locked(sync=True)
+            self._gone = True
+            try:
+                self.kc.close(autocommit=False, timeout_ms=5000)
+            except Exception:
+                pass
+
+
+class _MemberConsumer(Consumer):
+    def __init__(self, shared: _SharedGroup):
+        self.shared = shared
+        self.taken: list = []
+        self.group = shared.group
+
+    def poll(self, timeout: float, max_messages: int = 256) -> list[Message]:
+        return self.shared.take(timeout, max_messages, self)
+
+    def commit(self) -> None:
+        self.shared.done(self)
+
+    def close(self) -> None:
+        self.shared.done(self)
+
+    def _drain(self, deadline: float) -> None:
+        pass
+
+    def _close_now(self) -> None:
+        pass
