@@ -34,6 +34,7 @@ class QueuedPool(LocalPool):
         self._alive: dict[int, threading.Thread] = {}
         self._qs = [queue.Queue()]
         self.occupied_s = 0.0
+        self._running: dict[int, float] = {}   # worker -> start of its current task
         self.peak_workers = size
 
     # -------------------------------------------------------------------------------------------- structure
@@ -91,9 +92,20 @@ class QueuedPool(LocalPool):
             except queue.Empty:
                 continue
             t0 = time.monotonic()
-            self._safe_run(msg)
             with self._lock:
-                self.occupied_s += time.monotonic() - t0
+                self._running[k] = t0
+            try:
+                self._safe_run(msg)
+            finally:
+                with self._lock:
+                    self.occupied_s += time.monotonic() - t0
+                    self._running.pop(k, None)
+
+    def occupied_now(self) -> float:
+        """Occupied worker-seconds so far, the running tasks' elapsed time included."""
+        now = time.monotonic()
+        with self._lock:
+            return self.occupied_s + sum(now - t for t in self._running.values())
 
     def _safe_run(self, msg) -> None:
         try:
@@ -106,9 +118,7 @@ class QueuedPool(LocalPool):
     def _tune_loop(self) -> None:
         tuner = self.autotuner
         while not self._stop.wait(tuner.period_s):
-            with self._lock:
-                occ = self.occupied_s
-            new = tuner.observe(self.backlog(), occ)
+            new = tuner.observe(self.backlog(), self.occupied_now())
             if new is not None:
                 self.resize(new)
 
