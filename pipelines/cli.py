@@ -132,6 +132,9 @@ def cmd_train(args) -> int:
         from pipelines.train import train
 
         result = train(cfg, graph, out=out, show_progress=show)
+        from pipelines.engine.cost import add_whole_graph_cost
+
+        add_whole_graph_cost(cfg, result.summary, result.history, out)
     s = result.summary
     print(f"{graph.name} {cfg.model}: best val {s['best_val_acc']:.4f} (epoch {s['best_epoch']}), "
           f"test {s['test_acc']:.4f}, {s['epochs']} epochs in {s['seconds']:.1f}s -> {out}")

@@ -120,12 +120,14 @@ def value(time_s: float, cost_usd: float) -> float | None:
 class CostMeter:
     """Reads a tensor-worker pool's counters and prices the run, per epoch and in total."""
 
-    def __init__(self, cfg, prices: dict, pool, graph_servers: int | None = None):
+    def __init__(self, cfg, prices: dict, pool, graph_servers: int | None = None, param_servers: int = 1,
+                 mode: str | None = None):
         self.cfg = cfg
         self.prices = prices
         self.pool = pool
-        self.mode = getattr(cfg, "mode", "serverless")
+        self.mode = mode or getattr(cfg, "mode", "serverless")
         self.graph_servers = graph_servers if graph_servers is not None else cfg.partitions
+        self.param_servers = param_servers
         check_instances(prices, self.graph_instance, self.ps_instance)
         self._last = self._counters()
         self._cum = 0.0
@@ -140,7 +142,7 @@ class CostMeter:
 
     def _counters(self) -> dict:
         st = self.pool.stats() if self.pool is not None else {}
-        lam = self.mode != "cpu-only" and st.get("billing", "lambda") == "lambda"
+        lam = self.mode == "serverless" and self.pool is not None and st.get("billing", "lambda") == "lambda"
         return {"lambda_invocations": int(st.get("invocations", st.get("tasks", 0))) if lam else 0,
                 "lambda_billed_ms": float(st.get("billed_ms", 0)) if lam else 0.0,
                 "s3_puts": int(st.get("s3_puts", 0)), "s3_gets": int(st.get("s3_gets", 0)),
@@ -149,7 +151,7 @@ class CostMeter:
     def usage(self, time_s: float, counters: dict | None = None) -> dict:
         c = self._counters() if counters is None else counters
         return {"time_s": time_s, "graph_servers": self.graph_servers, "graph_instance": self.graph_instance,
-                "param_servers": 1, "ps_instance": self.ps_instance, **c,
+                "param_servers": self.param_servers, "ps_instance": self.ps_instance, **c,
                 "lambda_gb_s": lambda_gb_s(c["lambda_billed_ms"], c["lambda_memory_mb"])}
 
     def epoch(self, epoch_s: float) -> dict:
@@ -175,11 +177,11 @@ class CostMeter:
         moved["total"] = sum(v for v in moved.values())
         out = {
             "mode": self.mode,
-            "tensor_backend": st.get("backend", "local"),
+            "tensor_backend": st.get("backend", "local") if self.pool is not None else "none",
             "prices": self.prices.get("source"),
             "time_s": time_s,
             "epochs": epochs,
-            "usage": {**u, "server_hours": time_s / 3600.0 * (self.graph_servers + 1)},
+            "usage": {**u, "server_hours": time_s / 3600.0 * (self.graph_servers + self.param_servers)},
             "bytes_moved": moved,
             "usd": usd,
             "cost_usd": usd["total"],
@@ -194,6 +196,28 @@ class CostMeter:
                 roles[role] = roles.get(role, 0.0) + v
             out["busy_s_by_role"] = roles
         return out
+
+
+def add_whole_graph_cost(cfg, summary: dict, history: list[dict], out=None) -> dict:
+    """Cost and value of a whole-graph (single machine, no separation) run: one server of `graph_instance` for
+    the run's time, nothing else. Adds them to the summary and, with a run directory, to summary.json and every
+    metrics.jsonl row."""
+    meter = CostMeter(cfg, load_prices(getattr(cfg, "prices", None)), None, graph_servers=1, param_servers=0,
+                      mode="single-machine")
+    rows = [{**r, **meter.epoch(r["epoch_s"])} for r in history if "epoch_s" in r]
+    summary["cost"] = meter.summary(summary["seconds"], len(history))
+    summary.update(time_s=summary["seconds"], cost_usd=summary["cost"]["cost_usd"],
+                   cost_per_epoch_usd=summary["cost"]["cost_per_epoch_usd"], value=summary["cost"]["value"])
+    if out is not None:
+        import json
+
+        from pipelines import rundir
+
+        rundir.atomic_write_json(Path(out) / "summary.json", summary)
+        if rows and (Path(out) / "metrics.jsonl").is_file():
+            rundir.atomic_write_text(Path(out) / "metrics.jsonl",
+                                     "".join(json.dumps(r, default=rundir._json_default) + "\n" for r in rows))
+    return summary
 
 
 def reprice(summary: dict, prices: dict) -> dict:
