@@ -29,6 +29,9 @@ def _train_flags(p: argparse.ArgumentParser) -> None:
                                      "synthetic:planted?..., synthetic:rmat?..., or a file path; "
                                      "default: a generated planted-partition graph")
     g.add_argument("--data-dir", help="dataset directory (default: $DORYLUS_DATA_DIR or ~/.cache/dorylus/datasets)")
+    g.add_argument("--prepared", metavar="DIR", help="a graph prepared by `dorylus prepare --out DIR` (instead of "
+                                                     "--dataset); the engine uses its partitions when --partitions "
+                                                     "equals theirs")
     g.add_argument("--feature-norm", choices=["row", "none"])
     g = p.add_argument_group("model")
     g.add_argument("--model", choices=["gcn", "gat"])
@@ -49,7 +52,8 @@ def _train_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("engine (computation separation)")
     g.add_argument("--partitions", type=int, help="graph servers (graph partitions)")
     g.add_argument("--intervals", type=int, help="vertex intervals per partition")
-    g.add_argument("--partitioner", choices=["metis", "hash"])
+    g.add_argument("--partitioner", choices=["metis", "hash", "prepared"],
+                   help="prepared: the partitions stored by `dorylus prepare` (needs --prepared)")
     g.add_argument("--staleness", help="none (synchronous) or S >= 0 epochs of bounded staleness")
     g.add_argument("--wu", choices=["sync", "async"], help="weight updates per epoch (sync) or per interval")
     g.add_argument("--tensor-workers", help="N (a local pool of N workers), auto (a local pool autotuned from "
@@ -110,7 +114,10 @@ def cmd_train(args) -> int:
         check_broker(cfg.bootstrap)
     elif getattr(args, "spawn_local", False):
         raise ConfigError("--spawn-local launches roles that talk through Kafka: add --transport kafka")
-    graph = load_dataset(cfg.dataset, cfg.data_dir, seed=cfg.seed)
+    if cfg.prepared:
+        graph, run_cfg = _prepared_graph(cfg, explicit_partitioner="partitioner" in file_values or args.partitioner)
+    else:
+        graph, run_cfg = load_dataset(cfg.dataset, cfg.data_dir, seed=cfg.seed), cfg
     if cfg.partitions > graph.num_nodes:
         raise ConfigError(f"partitions ({cfg.partitions}) exceeds the graph's {graph.num_nodes} vertices")
     if cfg.out is None:
@@ -127,11 +134,11 @@ def cmd_train(args) -> int:
     elif cfg.engine:
         from pipelines.engine.runner import train_engine
 
-        result = train_engine(cfg, graph, out=out, show_progress=show)
+        result = train_engine(run_cfg, graph, out=out, show_progress=show)
     else:
         from pipelines.train import train
 
-        result = train(cfg, graph, out=out, show_progress=show)
+        result = train(run_cfg, graph, out=out, show_progress=show)
         from pipelines.engine.cost import add_whole_graph_cost
 
         add_whole_graph_cost(cfg, result.summary, result.history, out)
@@ -139,6 +146,29 @@ def cmd_train(args) -> int:
     print(f"{graph.name} {cfg.model}: best val {s['best_val_acc']:.4f} (epoch {s['best_epoch']}), "
           f"test {s['test_acc']:.4f}, {s['epochs']} epochs in {s['seconds']:.1f}s -> {out}")
     return 0
+
+
+def _prepared_graph(cfg, explicit_partitioner):
+    """The graph of cfg.prepared and the config to train with: when the engine runs with as many partitions as
+    the prepare run made (and no --partitioner was given), its stored assignment (partitioner "prepared")."""
+    import dataclasses
+
+    from pipelines.beam.shards import load_graph, partition_assignment, read_manifest
+
+    if cfg.transport == "kafka":
+        raise ConfigError("--prepared with --transport kafka is not supported yet (the role processes load "
+                          "--dataset); use the memory transport")
+    stored = read_manifest(cfg.prepared)["num_partitions"]
+    if not explicit_partitioner and cfg.partitions > 1 and cfg.partitions == stored:
+        cfg.partitioner = "prepared"
+    if cfg.partitioner == "prepared" and cfg.partitions != stored:
+        raise ConfigError(f"partitioner prepared: {cfg.prepared} holds {stored} partitions, not {cfg.partitions}")
+    graph = load_graph(cfg.prepared)
+    if cfg.partitioner != "prepared":
+        return graph, cfg
+    from pipelines.engine.partition import PrecomputedAssignment
+
+    return graph, dataclasses.replace(cfg, partitioner=PrecomputedAssignment(partition_assignment(cfg.prepared)))
 
 
 def cmd_data_fetch(args) -> int:

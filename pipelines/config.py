@@ -29,6 +29,7 @@ class TrainConfig:
     # data
     dataset: str | None = None
     data_dir: str | None = None
+    prepared: str | None = None         # a graph prepared by the Beam pipeline (dorylus prepare --out DIR)
     feature_norm: str = "row"
     # model
     model: str = "gcn"
@@ -103,7 +104,9 @@ class TrainConfig:
              f"order must be auto, ga-first or av-first, got {self.order!r}")
         need(self.partitions >= 1, f"partitions must be >= 1, got {self.partitions}")
         need(self.intervals >= 1, f"intervals must be >= 1, got {self.intervals}")
-        need(self.partitioner in ("metis", "hash"), f"partitioner must be metis or hash, got {self.partitioner!r}")
+        need(self.partitioner in ("metis", "hash") or (self.partitioner == "prepared" and bool(self.prepared)),
+             f"partitioner must be metis or hash (or prepared, with a prepared graph), got {self.partitioner!r}")
+        need(not (self.prepared and self.dataset), "prepared and dataset exclude each other: give one")
         need(self.staleness is None or self.staleness >= 0,
              f"staleness must be none or an integer >= 0, got {self.staleness}")
         need(self.wu in ("sync", "async"), f"wu must be sync or async, got {self.wu!r}")

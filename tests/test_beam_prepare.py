@@ -90,9 +90,9 @@ def test_direct_adjacency_and_normalization_match_scipy(prepared):
     masks = per_class_split(inp["y"], C, 2, 1, 5)
     for got, want in zip((train, val, test), masks):
         np.testing.assert_array_equal(got, want)
-    assert manifest["num_nodes"] == N and manifest["num_edges"] == expected.nnz
+    assert manifest["num_vertices"] == N and manifest["num_edges"] == expected.nnz
     assert manifest["num_edge_rows"] == expected.nnz + N
-    assert manifest["feature_dim"] == F and manifest["num_classes"] == C and manifest["partitions"] == 3
+    assert manifest["feature_dim"] == F and manifest["num_classes"] == C and manifest["num_partitions"] == 3
     assert manifest["split"]["train"] == int(masks[0].sum())
 
 
@@ -129,7 +129,7 @@ def test_direct_shards_partition_by_destination_and_verify(prepared):
     assert g.num_nodes == N and g.feature_dim == F and g.num_classes == C
     assert no_leftovers(d)
     # a changed shard is detected by its sha256
-    victim = d / "out" / manifest["files"]["vertices"][1]["path"]
+    victim = d / "out" / manifest["partitions"][1]["vertices"]
     data = victim.read_bytes()
     try:
         victim.write_bytes(data[:-1] + bytes([data[-1] ^ 1]))
@@ -217,7 +217,7 @@ def test_file_and_metis_partitioners_and_parquet_features(tmp_path):
         edges, _ = shards.read_partition(tmp_path / "metis", part)
         assert (assign[edges.column("dst").to_numpy()] == part).all()
     # N inferred as max id + 1 (vertex 13 is isolated, so 13 vertices)
-    assert shards.read_manifest(tmp_path / "metis")["num_nodes"] == N - 1
+    assert shards.read_manifest(tmp_path / "metis")["num_vertices"] == N - 1
 
     # a short assignment file is an error
     (tmp_path / "short").write_text("0\n1\n")
@@ -245,12 +245,12 @@ def test_existing_output_needs_overwrite(tmp_path):
         prepare.run(["--edges", inp["edges"], "--out", str(tmp_path / "out")])
     m = prepare.run(["--edges", inp["edges"], "--out", str(tmp_path / "out"), "--overwrite"])
     assert sorted(os.listdir(tmp_path / "out")) == ["edges", "manifest.json", "vertices"]
-    assert m["num_nodes"] == N - 1 and no_leftovers(tmp_path)
+    assert m["num_vertices"] == N - 1 and no_leftovers(tmp_path)
 
 
 def _tables(root: Path) -> dict:
     edges, vertices, manifest = shards.read_all(root)
-    strip = {k: v for k, v in manifest.items() if k not in ("flags", "pipeline_args", "created")}
+    strip = {k: v for k, v in manifest.items() if k not in ("flags", "pipeline_args", "created_at", "name")}
     return {"edges": edges.sort_by([("dst", "ascending"), ("src", "ascending")]).to_pydict(),
             "vertices": vertices.to_pydict(), "manifest": strip}
 
@@ -285,7 +285,7 @@ def test_dorylus_prepare_subcommand_with_gzip_edges(tmp_path, capsys):
     rc = cli.main(["prepare", "--edges", str(tmp_path / "e.tsv.gz"), "--num-nodes", str(N), "--partitions", "2",
                    "--out", str(tmp_path / "out"), "--runner=DirectRunner"])
     assert rc == 0
-    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["num_nodes"] == N
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["num_vertices"] == N
     src, dst = np.array(pairs).T
     assert (shards.load_prepared(tmp_path / "out").adj != clean_adjacency(src, dst, N)).nnz == 0
     assert cli.main(["prepare", "--edges", str(tmp_path / "e.tsv.gz"), "--out", str(tmp_path / "out")]) == 2

@@ -10,7 +10,7 @@ import json
 
 
 def cmd_prepare(args) -> int:
-    from pipelines.beam.prepare import run
+    from pipelines.beam.prepare import run, summary_line
     from pipelines.beam.runners import RunnerUnavailable
     from pipelines.config import ConfigError
 
@@ -18,8 +18,7 @@ def cmd_prepare(args) -> int:
         manifest = run(list(args.prepare_args))
     except RunnerUnavailable as e:   # the CLI prints ConfigError as one line, exit 2
         raise ConfigError(str(e)) from None
-    print(json.dumps({k: manifest[k] for k in ("num_nodes", "num_edges", "feature_dim", "num_classes",
-                                               "partitions")} | {"out": manifest["flags"]["out"]}))
+    print(json.dumps(summary_line(manifest)))
     return 0
 
 

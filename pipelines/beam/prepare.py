@@ -2,6 +2,7 @@
 
     python -m pipelines.prepare --edges 'data/g/edges-*.csv' --features data/g/x.npy --labels data/g/y.npy \\
         --partitions 4 --partitioner metis --split --out runs/g-prepared            # DirectRunner
+    python -m pipelines.prepare ... --engine direct --workers 2                     # DirectRunner, 2 processes
     python -m pipelines.prepare ... --engine flink                                  # embedded Flink cluster
     python -m pipelines.prepare ... --runner=FlinkRunner --flink_master=host:8081    # any Beam runner flags
 
@@ -25,26 +26,39 @@ Inputs
                   NaN/inf, rows of another width, missing or repeated vertices fail the run.
 --labels PATH     ``.npy`` int array [N], or Parquet with a ``label`` column (else the only non-id column) and
                   the optional id column; -1 or null = unlabelled.
+--split           a seeded per-class split of the labelled vertices (``--train-per-class``, ``--val-per-class``);
+--split-file PATH or a given one: ``.npy`` int array [N] (or Parquet ``split`` column + optional id column) of the
+                  codes of :data:`schemas.files.SPLIT_CODES`: -1 none, 0 train, 1 val, 2 test.
 --num-nodes N     default: the row count of --features (else of --labels), else max edge id + 1.
 
 Outputs (``--out DIR``)
 -----------------------
-DIR/edges/part-XXXXX.parquet     (src int64, dst int64, weight float32): the nonzeros of
-                                 Â = D^-1/2 (A + I) D^-1/2 whose *destination* (row) vertex the partition owns,
-                                 self-loops included, sorted by (dst, src); weight = Â[dst, src]
+DIR/edges/part-XXXXX.parquet     :data:`schemas.files.EDGE_SHARD_SCHEMA` (src int64, dst int64, weight float32):
+                                 the nonzeros of Â = D^-1/2 (A + I) D^-1/2 whose *destination* (row) vertex the
+                                 partition owns, self-loops included, sorted by (dst, src); weight = Â[dst, src]
                                  = 1/sqrt(deg_src) * 1/sqrt(deg_dst), deg counting the self-loop.
-DIR/vertices/part-XXXXX.parquet  (vertex int64, partition int32, degree int32 [with self-loop],
-                                 features fixed_size_list<float32>[F] [absent when F = 0], label int32 [-1 none],
-                                 split string [train|val|test|null]), sorted by vertex.
-DIR/manifest.json                sizes, files with row counts and sha256, counters, the flags used.
+DIR/vertices/part-XXXXX.parquet  :func:`schemas.files.vertex_shard_schema` (vertex int64, partition int32,
+                                 degree int32 [with self-loop], features fixed_size_list<float32>[F] [absent
+                                 when F = 0], label int32 [-1 none], split int8 [SPLIT_CODES]), sorted by vertex.
+DIR/manifest.json                passes :func:`schemas.files.validate_manifest`: sizes, one entry per partition
+                                 (paths, row counts, sha256), counters, the flags used.
 
 The run is atomic: everything is written into ``DIR.tmp-<uuid>`` next to DIR, the manifest is written last, and
 the directory is renamed to DIR only when every check passed; on any error the temporary directory is removed,
 so a DIR with a manifest.json is always complete. An existing DIR is replaced only with ``--overwrite``.
 
-Scale notes: every step is a Beam shuffle/combine, except (a) a partition's shard is built in one worker's
-memory (as a Dorylus graph server holds its partition), (b) ``--partitioner metis`` and ``--split`` collect the
-whole edge list / label vector in one worker (METIS and the per-class permutation need them).
+How it scales
+-------------
+Elements are numpy *chunks*, never single edges: a reader parses ~16 MiB of text (Arrow's CSV parser; a block
+with a comment, a bad line or odd spacing is re-split and the failing lines parsed one by one, so bad records
+keep their file and line) or one Parquet record batch into one chunk of edges; validation, symmetrization and
+routing are vectorized per chunk. One shuffle moves every directed edge entry to the partition that owns its
+destination (the graph server that will gather over it); there the entries are sorted and deduplicated
+(``np.sort`` of packed uint64 keys), degrees counted and the vertex shard written. Degrees are then broadcast as
+a side input (8 bytes per vertex) so that each partition can weight its edges and write its edge shard.
+A partition's shard is built in one worker's memory (as a Dorylus graph server holds its partition);
+``--partitioner metis`` and ``--split`` collect the whole edge list / label vector in one worker (METIS and the
+per-class permutation need them); the partition assignment of ``metis``/``file`` is broadcast (4 bytes/vertex).
 The output paths must be on a file system that the workers and this process share (local or mounted).
 """
 from __future__ import annotations
@@ -55,7 +69,6 @@ import datetime
 import hashlib
 import json
 import logging
-import math
 import os
 import re
 import shutil
@@ -66,6 +79,7 @@ from typing import NamedTuple
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
 import apache_beam as beam
@@ -75,40 +89,36 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from pipelines.data.graph import DataError
+from schemas import files as file_schemas
+from schemas.messages import SCHEMA_VERSION
 
 log = logging.getLogger("dorylus.prepare")
 
 FORMAT = "dorylus-prepared"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 ID_LIMIT = 2**31 - 1          # CSR indices are int32 throughout the system
 ID_COLUMNS = ("vertex", "node", "node_id", "id")
 PARQUET_SUFFIXES = (".parquet", ".pq")
 SAMPLES = 20                  # examples kept per counter (bad records, errors)
 SPLIT_NAMES = ("train", "val", "test")
+SPLIT_CODES = file_schemas.SPLIT_CODES          # none -1, train 0, val 1, test 2
 STATS_FILE = "_stats.json"
+BLOCK_BYTES = 16 << 20        # text is parsed in blocks of about this many bytes
+MIN_FAST_LINES = 4096         # a failing block is halved down to this size before lines are parsed one by one
+PARQUET_BATCH = 1 << 20       # rows per Parquet record batch
+TABLE_CHUNK_BYTES = 16 << 20  # feature/label .npy files are read in chunks of about this many bytes
 
-# --- Parquet schemas of the shards -------------------------------------------------------------------------------
-# Defined here for now; schemas/files.py is getting the project-wide file schemas and these will move there.
-EDGE_SCHEMA = pa.schema(
-    [
-        pa.field("src", pa.int64(), nullable=False),
-        pa.field("dst", pa.int64(), nullable=False),
-        pa.field("weight", pa.float32(), nullable=False),
-    ],
-    metadata={b"dorylus.kind": b"edges", b"dorylus.normalization": b"gcn-sym-self-loops"},
-)
+# --- Parquet schemas of the shards (schemas/files.py) ------------------------------------------------------------
+EDGE_SCHEMA = file_schemas.EDGE_SHARD_SCHEMA.with_metadata(
+    {**file_schemas.EDGE_SHARD_SCHEMA.metadata, b"dorylus.normalization": b"gcn-sym-self-loops"})
 
 
 def vertex_schema(feature_dim: int) -> pa.Schema:
-    fields = [
-        pa.field("vertex", pa.int64(), nullable=False),
-        pa.field("partition", pa.int32(), nullable=False),
-        pa.field("degree", pa.int32(), nullable=False),
-    ]
+    """schemas.files.vertex_shard_schema(F); without the features column when F = 0."""
     if feature_dim > 0:
-        fields.append(pa.field("features", pa.list_(pa.float32(), feature_dim), nullable=False))
-    fields += [pa.field("label", pa.int32(), nullable=False), pa.field("split", pa.string(), nullable=True)]
-    return pa.schema(fields, metadata={b"dorylus.kind": b"vertices"})
+        return file_schemas.vertex_shard_schema(feature_dim)
+    schema = file_schemas.vertex_shard_schema(1)
+    return schema.remove(schema.get_field_index("features"))
 
 
 def shard_name(partition: int) -> str:
@@ -127,6 +137,14 @@ class Stat(NamedTuple):
     name: str
     n: int = 1
     sample: object = None
+
+
+def _stats(name: str, n: int, samples=()):
+    """Tagged Stat outputs: the count, then up to SAMPLES samples (count 0 each)."""
+    if n:
+        yield pvalue.TaggedOutput("stats", Stat(name, int(n)))
+    for s in list(samples)[:SAMPLES]:
+        yield pvalue.TaggedOutput("stats", Stat(name, 0, s))
 
 
 class StatsFn(beam.CombineFn):
@@ -168,35 +186,50 @@ class StatsFn(beam.CombineFn):
         return acc
 
 
-class _CollectColumns(beam.CombineFn):
-    """Gather tuples of ints into k numpy int64 columns (for the steps that need a whole vector in one place)."""
+class ConcatArrays(beam.CombineFn):
+    """Tuples of k numpy arrays -> one tuple of k concatenated arrays (for the steps that need a whole vector in
+    one place: METIS, the per-class split, the degree vector)."""
 
-    def __init__(self, k: int):
-        self.k = k
+    def __init__(self, dtypes: tuple):
+        self.dtypes = tuple(np.dtype(d).str for d in dtypes)
 
     def create_accumulator(self):
-        return [array.array("q") for _ in range(self.k)]
+        return [[] for _ in self.dtypes]
 
     def add_input(self, acc, row):
-        for col, value in zip(acc, row):
-            col.append(value)
+        for parts, a in zip(acc, row):
+            parts.append(np.asarray(a))
         return acc
 
     def merge_accumulators(self, accs):
-        accs = list(accs)
-        out = accs[0]
-        for acc in accs[1:]:
-            for col, more in zip(out, acc):
-                col.extend(more)
-        return out
+        out = self.create_accumulator()
+        for acc in accs:
+            for o, parts in zip(out, acc):
+                o.extend(parts)
+        return [[np.concatenate(o)] if len(o) > 1 else o for o in out]
 
     def extract_output(self, acc):
-        return [np.frombuffer(col, dtype=np.int64).copy() if len(col) else np.zeros(0, np.int64) for col in acc]
+        return tuple(np.concatenate(parts).astype(dt, copy=False) if parts else np.zeros(0, dt)
+                     for parts, dt in zip(acc, self.dtypes))
 
 
 # --- ReadEdges -----------------------------------------------------------------------------------------------------
 _INT_RE = re.compile(r"[+-]?[0-9]+")
 _HEADER_TOKEN_RE = re.compile(r"[A-Za-z_].*")
+_INT64_MAX = 2**63 - 1
+
+
+class EdgeChunk(NamedTuple):
+    """Edges read from one file: ``src``/``dst`` int64 arrays; ``lines`` is the line (row) of the first edge when
+    the edges sit on consecutive lines, else an int64 array with the line of every edge."""
+
+    path: str
+    lines: object
+    src: np.ndarray
+    dst: np.ndarray
+
+    def line(self, i: int) -> int:
+        return self.lines + int(i) if isinstance(self.lines, int) else int(self.lines[i])
 
 
 def _is_parquet(path: str) -> bool:
@@ -211,46 +244,204 @@ def _split_fields(body: str) -> tuple[str, ...]:
     return tuple(body.split())
 
 
+def _line_body(raw: bytes) -> str:
+    return raw.decode("utf-8", errors="replace").split("#", 1)[0].strip()
+
+
+def _as_id(value):
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str) and _INT_RE.fullmatch(value):
+        return int(value)
+    return None
+
+
+class _Records:
+    """Accumulates parsed records of the slow (one line at a time) path into arrays and bad-record stats."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self.lines, self.src, self.dst = array.array("q"), array.array("q"), array.array("q")
+        self.inputs = 0
+        self.bad = 0
+        self.samples: list[str] = []
+
+    def add(self, line: int, fields) -> None:
+        self.inputs += 1
+        where = f"{self.path}:{line}"
+        if len(fields) != 2:
+            return self._bad(f"{where}: expected 2 fields (src dst), got {len(fields)}")
+        ids = []
+        for value in fields:
+            v = _as_id(value)
+            if v is None:
+                what = "empty field" if value is None or value == "" else f"non-integer field {value!r}"
+                return self._bad(f"{where}: {what}")
+            if not -_INT64_MAX <= v <= _INT64_MAX:
+                return self._bad(f"{where}: integer {v} does not fit int64")
+            ids.append(v)
+        self.lines.append(line)
+        self.src.append(ids[0])
+        self.dst.append(ids[1])
+
+    def _bad(self, sample: str) -> None:
+        self.bad += 1
+        if len(self.samples) < SAMPLES:
+            self.samples.append(sample)
+
+    def emit(self):
+        yield from _stats("input_records", self.inputs)
+        yield from _stats("bad_records", self.bad, self.samples)
+        if len(self.src):
+            yield EdgeChunk(self.path, np.frombuffer(self.lines, np.int64).copy(),
+                            np.frombuffer(self.src, np.int64).copy(), np.frombuffer(self.dst, np.int64).copy())
+
+
+def _fast_parse(data: bytes, n_lines: int):
+    """(src, dst) int64 arrays when every line of ``data`` is exactly two integers (Arrow's CSV parser); else None."""
+    if b"#" in data:
+        return None
+    delim = "," if b"," in data else "\t" if b"\t" in data else " "
+    try:
+        table = pacsv.read_csv(
+            pa.py_buffer(data),
+            read_options=pacsv.ReadOptions(column_names=["src", "dst"]),
+            parse_options=pacsv.ParseOptions(delimiter=delim, quote_char=False, escape_char=False,
+                                             ignore_empty_lines=False),
+            convert_options=pacsv.ConvertOptions(column_types={"src": pa.int64(), "dst": pa.int64()}))
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        return None
+    if table.num_rows != n_lines or table.column(0).null_count or table.column(1).null_count:
+        return None   # blank lines come back as rows of nulls
+    return (table.column(0).to_numpy().astype(np.int64, copy=False),
+            table.column(1).to_numpy().astype(np.int64, copy=False))
+
+
+def _parse_block(path: str, data: bytes, line0: int):
+    """Edges of a block of whole lines whose first line is ``line0 + 1``: the fast path, else halves, else the
+    slow path that reports every bad line."""
+    n_lines = data.count(b"\n") + (0 if data.endswith(b"\n") else 1)
+    arrays = _fast_parse(data, n_lines)
+    if arrays is not None:
+        yield from _stats("input_records", n_lines)
+        yield EdgeChunk(path, line0 + 1, *arrays)
+        return
+    if n_lines > 2 * MIN_FAST_LINES:
+        cut = data.find(b"\n", len(data) // 2)
+        if 0 <= cut < len(data) - 1:
+            head = data[:cut + 1]
+            yield from _parse_block(path, head, line0)
+            yield from _parse_block(path, data[cut + 1:], line0 + head.count(b"\n"))
+            return
+    rec = _Records(path)
+    pieces = data.split(b"\n")
+    if data.endswith(b"\n"):
+        pieces.pop()
+    for i, raw in enumerate(pieces):
+        body = _line_body(raw)
+        if body:
+            rec.add(line0 + i + 1, _split_fields(body))
+    yield from rec.emit()
+
+
+def _read_text(f, path: str, block_bytes: int = BLOCK_BYTES):
+    """Chunks of a text edge file (a Beam file object: plain or decompressed)."""
+    line0 = 0
+    seen_data = False
+    pending = b""
+    while True:
+        block = f.read(block_bytes)
+        data = pending + block if pending else block
+        if block:
+            cut = data.rfind(b"\n")
+            if cut < 0:
+                pending = data
+                continue
+            pending, data = data[cut + 1:], data[:cut + 1]
+        else:
+            pending = b""
+        if not data:
+            return
+        n = data.count(b"\n")
+        if not seen_data:
+            # Up to the first data line: comments, blank lines and the optional header, one line at a time.
+            pos, line = 0, line0
+            while pos < len(data):
+                end = data.find(b"\n", pos)
+                end = len(data) if end < 0 else end + 1
+                body = _line_body(data[pos:end])
+                if body:
+                    seen_data = True
+                    fields = _split_fields(body)
+                    if fields and all(_HEADER_TOKEN_RE.fullmatch(t) for t in fields):
+                        yield from _stats("header_lines", 1, [f"{path}:{line + 1}"])
+                        pos, line = end, line + 1
+                    break
+                pos, line = end, line + 1
+            if data[pos:]:
+                yield from _parse_block(path, data[pos:], line)
+        else:
+            yield from _parse_block(path, data, line0)
+        line0 += n
+        if not block:
+            return
+
+
 class _ReadEdgeFile(beam.DoFn):
-    """ReadableFile -> (path, line, fields) for every data line/row; fields are strings (text) or values (Parquet)."""
+    """ReadableFile -> EdgeChunk (+ stats: input_records, bad_records, header_lines)."""
 
     def process(self, readable: fileio.ReadableFile):
         path = readable.metadata.path
-        if _is_parquet(path):
-            yield from self._parquet(readable, path)
-            return
-        first = True
-        with readable.open() as f:   # Beam's CompressedFile (.gz, ...) has readline but no __iter__
-            for lineno, raw in enumerate(iter(f.readline, b""), start=1):
-                body = raw.decode("utf-8", errors="replace").split("#", 1)[0].strip()
-                if not body:
-                    continue
-                fields = _split_fields(body)
-                if first:
-                    first = False
-                    if fields and all(_HEADER_TOKEN_RE.fullmatch(t) for t in fields):
-                        yield pvalue.TaggedOutput("stats", Stat("header_lines", 1, f"{path}:{lineno}"))
-                        continue
-                yield path, lineno, fields
+        with readable.open() as f:   # Beam's CompressedFile (.gz, ...) supports read(n)
+            if _is_parquet(path):
+                yield from self._parquet(f, path)
+            else:
+                yield from _read_text(f, path)
 
-    def _parquet(self, readable, path):
-        with readable.open() as f:
-            pf = pq.ParquetFile(f)
-            names = pf.schema_arrow.names
-            cols = ["src", "dst"] if {"src", "dst"} <= set(names) else names[:2]
-            if len(cols) < 2:
-                yield path, 0, tuple(cols)  # one bad record for the whole file: "expected 2 fields"
-                return
-            row = 0
-            for batch in pf.iter_batches(columns=cols, batch_size=65536):
-                a, b = batch.column(0).to_pylist(), batch.column(1).to_pylist()
-                for x, y in zip(a, b):
-                    row += 1
-                    yield path, row, (x, y)
+    def _parquet(self, f, path):
+        pf = pq.ParquetFile(f)
+        names = pf.schema_arrow.names
+        cols = ["src", "dst"] if {"src", "dst"} <= set(names) else names[:2]
+        if len(cols) < 2:   # one bad record for the whole file
+            rec = _Records(path)
+            rec.add(0, tuple(cols))
+            yield from rec.emit()
+            return
+        row = 0
+        for batch in pf.iter_batches(columns=cols, batch_size=PARQUET_BATCH):
+            a, b = batch.column(0), batch.column(1)
+            try:
+                if not (pa.types.is_integer(a.type) and pa.types.is_integer(b.type)):
+                    raise pa.ArrowInvalid("not integer columns")
+                a64, b64 = a.cast(pa.int64()), b.cast(pa.int64())   # uint64 beyond int64 raises
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+                rec = _Records(path)
+                for i, (x, y) in enumerate(zip(a.to_pylist(), b.to_pylist())):
+                    rec.add(row + i + 1, (x, y))
+                yield from rec.emit()
+                row += len(batch)
+                continue
+            n = len(batch)
+            yield from _stats("input_records", n)
+            if a64.null_count or b64.null_count:
+                valid = ~(a64.is_null().to_numpy(zero_copy_only=False) | b64.is_null().to_numpy(zero_copy_only=False))
+                bad = np.flatnonzero(~valid)
+                yield from _stats("bad_records", bad.size, [f"{path}:{row + i + 1}: empty field" for i in bad[:SAMPLES]])
+                lines = np.flatnonzero(valid).astype(np.int64) + row + 1
+                src = a64.fill_null(0).to_numpy(zero_copy_only=False)[valid]
+                dst = b64.fill_null(0).to_numpy(zero_copy_only=False)[valid]
+                if src.size:
+                    yield EdgeChunk(path, lines, src, dst)
+            elif n:
+                yield EdgeChunk(path, row + 1, a64.to_numpy(zero_copy_only=False),
+                                b64.to_numpy(zero_copy_only=False))
+            row += n
 
 
 class ReadEdges(beam.PTransform):
-    """PBegin -> {'records': (path, line, fields), 'stats': Stat}; every file matching ``pattern``."""
+    """PBegin -> {'chunks': EdgeChunk, 'stats': Stat}; every file matching ``pattern``."""
 
     def __init__(self, pattern: str):
         super().__init__()
@@ -262,60 +453,52 @@ class ReadEdges(beam.PTransform):
             | "Match" >> fileio.MatchFiles(self.pattern, empty_match_treatment=fileio.EmptyMatchTreatment.DISALLOW)
             | "SpreadFiles" >> beam.Reshuffle()
             | "Open" >> fileio.ReadMatches()
-            | "Parse" >> beam.ParDo(_ReadEdgeFile()).with_outputs("stats", main="records")
+            | "Parse" >> beam.ParDo(_ReadEdgeFile()).with_outputs("stats", main="chunks")
         )
-        return {"records": out.records, "stats": out.stats}
+        return {"chunks": out.chunks, "stats": out.stats}
 
 
 # --- Validate ------------------------------------------------------------------------------------------------------
-def _as_id(value):
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int):
-        return value
-    if isinstance(value, str) and _INT_RE.fullmatch(value):
-        return int(value)
-    return None
-
-
-class _ValidateRecord(beam.DoFn):
+class _ValidateChunk(beam.DoFn):
     def __init__(self, limit: int, limit_source: str):
         self.limit = limit
         self.limit_source = limit_source
 
-    def process(self, record):
-        path, line, fields = record
-        where = f"{path}:{line}"
-        yield pvalue.TaggedOutput("stats", Stat("input_records"))
-        if len(fields) != 2:
-            yield pvalue.TaggedOutput(
-                "stats", Stat("bad_records", 1, f"{where}: expected 2 fields (src dst), got {len(fields)}"))
+    def process(self, chunk: EdgeChunk):
+        src, dst, limit = chunk.src, chunk.dst, self.limit
+        src_bad = (src < 0) | (src >= limit)
+        bad = src_bad | (dst < 0) | (dst >= limit)
+        if bad.any():
+            idx = np.flatnonzero(bad)
+            samples = []
+            for i in idx[:SAMPLES]:
+                v = int(src[i] if src_bad[i] else dst[i])
+                samples.append(f"{chunk.path}:{chunk.line(i)}: vertex id {v} out of range [0, {limit}) "
+                               f"({self.limit_source})")
+            yield from _stats("ids_out_of_range", idx.size, samples)
+            keep = ~bad
+            src, dst = src[keep], dst[keep]
+            chunk = EdgeChunk(chunk.path, _kept_lines(chunk, keep), src, dst)
+        if not src.size:
             return
-        ids = []
-        for value in fields:
-            v = _as_id(value)
-            if v is None:
-                what = "empty field" if value is None or value == "" else f"non-integer field {value!r}"
-                yield pvalue.TaggedOutput("stats", Stat("bad_records", 1, f"{where}: {what}"))
-                return
-            ids.append(v)
-        for v in ids:
-            if v < 0 or v >= self.limit:
-                yield pvalue.TaggedOutput(
-                    "stats",
-                    Stat("ids_out_of_range", 1, f"{where}: vertex id {v} out of range [0, {self.limit}) "
-                                                f"({self.limit_source})"))
-                return
-        src, dst = ids
-        yield pvalue.TaggedOutput("max_id", max(src, dst))
-        if src == dst:
-            yield pvalue.TaggedOutput("stats", Stat("self_loops", 1, where))
-            return
-        yield src, dst
+        yield pvalue.TaggedOutput("max_id", int(max(src.max(), dst.max())))
+        loops = src == dst
+        if loops.any():
+            idx = np.flatnonzero(loops)
+            yield from _stats("self_loops", idx.size, [f"{chunk.path}:{chunk.line(i)}" for i in idx[:SAMPLES]])
+            src, dst = src[~loops], dst[~loops]
+        if src.size:
+            yield src.astype(np.int32), dst.astype(np.int32)
+
+
+def _kept_lines(chunk: EdgeChunk, keep: np.ndarray):
+    if isinstance(chunk.lines, int):
+        return np.flatnonzero(keep).astype(np.int64) + chunk.lines
+    return chunk.lines[keep]
 
 
 class Validate(beam.PTransform):
-    """(path, line, fields) -> {'edges': (src, dst) valid non-loop edges, 'max_id': int, 'stats': Stat}.
+    """EdgeChunk -> {'edges': (src, dst) int32 arrays of valid non-loop edges, 'max_id': int, 'stats': Stat}.
 
     ``num_nodes``: ids must lie in [0, num_nodes); None = any id in [0, 2**31 - 1) (N is inferred afterwards).
     """
@@ -325,120 +508,56 @@ class Validate(beam.PTransform):
         self.limit = ID_LIMIT if num_nodes is None else int(num_nodes)
         self.source = "ids must fit int32" if num_nodes is None else num_nodes_source
 
-    def expand(self, records):
-        out = records | "Check" >> beam.ParDo(_ValidateRecord(self.limit, self.source)).with_outputs(
+    def expand(self, chunks):
+        out = chunks | "Check" >> beam.ParDo(_ValidateChunk(self.limit, self.source)).with_outputs(
             "stats", "max_id", main="edges")
         return {"edges": out.edges, "max_id": out.max_id, "stats": out.stats}
 
 
-# --- Symmetrize ----------------------------------------------------------------------------------------------------
-def _pair_key(u: int, v: int) -> int:
-    return (u << 32) | v
-
-
-def _both_directions(edge):
-    u, v = edge
-    yield _pair_key(u, v), 1   # counts the records of this exact direction
-    yield _pair_key(v, u), 0
-
-
-def _emit_symmetric(kv):
-    key, forward = kv
-    yield (key >> 32, key & 0xFFFFFFFF)
-    if forward > 1:
-        yield pvalue.TaggedOutput("stats", Stat("duplicate_edges", forward - 1))
-
-
-class Symmetrize(beam.PTransform):
-    """(src, dst) records -> {'edges': every (u, v) of the symmetric closure once, 'stats': duplicate_edges}.
-
-    One shuffle: each record is keyed by both of its directions; a record repeating an earlier one in the same
-    direction counts as a duplicate (the reverse direction of an existing edge is not a duplicate).
-    """
-
-    def expand(self, edges):
-        out = (
-            edges
-            | "BothDirections" >> beam.FlatMap(_both_directions)
-            | "CountPerPair" >> beam.CombinePerKey(sum)
-            | "Emit" >> beam.FlatMap(_emit_symmetric).with_outputs("stats", main="edges")
-        )
-        return {"edges": out.edges, "stats": out.stats}
-
-
-# --- vertices, degrees, normalization ------------------------------------------------------------------------------
-class Vertices(beam.PTransform):
-    """PCollection[int] holding N -> PCollection of 0..N-1 (spread across workers)."""
-
-    def expand(self, num_nodes):
-        return num_nodes | "Range" >> beam.FlatMap(lambda n: range(int(n))) | "Spread" >> beam.Reshuffle()
-
-
-class Degrees(beam.PTransform):
-    """{'vertices': v, 'edges': symmetric (u, v)} -> (v, degree) for every vertex, degree counting the self-loop."""
-
-    def expand(self, inputs):
-        ones = inputs["vertices"] | "SelfLoop" >> beam.Map(lambda v: (v, 1))
-        outs = inputs["edges"] | "OutEdge" >> beam.Map(lambda e: (e[0], 1))
-        return (ones, outs) | "Flatten" >> beam.Flatten() | "Count" >> beam.CombinePerKey(sum)
-
-
-def _dinv(degree: int) -> float:
-    return 1.0 / math.sqrt(degree)
-
-
-def _scale_by_source(kv):
-    src, grouped = kv
-    dinv = _dinv(next(iter(grouped["deg"])))
-    yield src, (src, dinv)                   # the self-loop (src, src)
-    for dst in grouped["dst"]:
-        yield dst, (src, dinv)
-
-
-def _scale_by_destination(kv):
-    dst, grouped = kv
-    dinv_dst = _dinv(next(iter(grouped["deg"])))
-    for src, dinv_src in grouped["in"]:
-        # the same float64 products, in the same order, as gcn_normalize's diags(dinv) @ (A+I) @ diags(dinv)
-        yield src, dst, dinv_src * dinv_dst
-
-
-class Normalize(beam.PTransform):
-    """{'edges': symmetric (u, v), 'degrees': (v, deg)} -> (src, dst, weight) for every nonzero of
-    Â = D^-1/2 (A + I) D^-1/2 (self-loops added), weight = Â[dst, src] as a float64."""
-
-    def expand(self, inputs):
-        by_src = inputs["edges"] | "BySource" >> beam.Map(lambda e: (e[0], e[1]))
-        half = (
-            {"deg": inputs["degrees"], "dst": by_src}
-            | "JoinSource" >> beam.CoGroupByKey()
-            | "ScaleSource" >> beam.FlatMap(_scale_by_source)
-        )
-        return (
-            {"deg": inputs["degrees"], "in": half}
-            | "JoinDestination" >> beam.CoGroupByKey()
-            | "ScaleDestination" >> beam.FlatMap(_scale_by_destination)
-        )
-
-
 # --- AssignPartitions ----------------------------------------------------------------------------------------------
-def _metis(columns, num_nodes: int, parts: int, seed: int):
-    import pymetis
+class Assignment:
+    """The partition of every vertex: ``v % parts`` (hash, no vector) or an explicit int32 vector [N]."""
 
-    src, dst = columns
-    n = int(num_nodes)
-    if parts == 1 or n == 0:
-        membership = np.zeros(n, np.int64)
-    else:
-        order = np.lexsort((dst, src))          # deterministic CSR whatever order the edges arrived in
-        src, dst = src[order], dst[order]
-        xadj = np.zeros(n + 1, np.int64)
-        np.cumsum(np.bincount(src, minlength=n), out=xadj[1:])
-        _, membership = pymetis.part_graph(
-            parts, pymetis.CSRAdjacency(xadj, dst), options=pymetis.Options(seed=seed))
-        membership = np.asarray(membership, np.int64)
-    for v in range(n):
-        yield v, int(membership[v])
+    def __init__(self, parts: int, vector: np.ndarray | None = None, method: str = "hash"):
+        self.parts = int(parts)
+        self.vector = None if vector is None else np.asarray(vector, np.int32)
+        self.method = method
+
+    def of(self, ids: np.ndarray) -> np.ndarray:
+        if self.vector is None:
+            return (np.asarray(ids) % self.parts).astype(np.int32)
+        return self.vector[ids]
+
+    def owned(self, partition: int, num_nodes: int) -> np.ndarray:
+        """Sorted int64 ids of the vertices ``partition`` owns."""
+        if self.vector is None:
+            return np.arange(partition, num_nodes, self.parts, dtype=np.int64)
+        return np.flatnonzero(self.vector[:num_nodes] == partition).astype(np.int64)
+
+
+class _Metis(beam.DoFn):
+    """All valid edges (collected) -> Assignment by METIS on the symmetric graph: the same call, on the same CSR,
+    as the engine's ``pipelines.engine.partition.assign(..., "metis", seed)``, so both agree for a seed."""
+
+    def __init__(self, parts: int, seed: int):
+        self.parts, self.seed = parts, seed
+
+    def process(self, columns, num_nodes):
+        from pipelines.data.graph import clean_adjacency
+
+        src, dst = columns
+        n = int(num_nodes)
+        if self.parts == 1 or n == 0:
+            yield Assignment(self.parts, np.zeros(n, np.int32), "metis")
+            return
+        if self.parts > n:
+            yield from _stats("assignment_errors", 1, [f"--partitions {self.parts} exceeds the {n} vertices"])
+            yield Assignment(self.parts, np.zeros(n, np.int32), "metis")
+            return
+        from pipelines.engine.partition import assign
+
+        adj = clean_adjacency(src, dst, n)
+        yield Assignment(self.parts, assign(adj, self.parts, "metis", self.seed), "metis")
 
 
 class _ReadAssignment(beam.DoFn):
@@ -448,36 +567,42 @@ class _ReadAssignment(beam.DoFn):
 
     def process(self, _, num_nodes):
         n = int(num_nodes)
-        count = 0
+        values = array.array("q")
+        errors, samples = 0, []
+
+        def error(msg):
+            nonlocal errors
+            errors += 1
+            if len(samples) < SAMPLES:
+                samples.append(msg)
+
         with FileSystems.open(self.path) as f:
             for lineno, raw in enumerate(f, start=1):
                 body = raw.decode("utf-8", errors="replace").split("#", 1)[0].strip()
                 if not body:
                     continue
-                v = count
-                count += 1
                 if not _INT_RE.fullmatch(body):
-                    yield pvalue.TaggedOutput(
-                        "stats", Stat("assignment_errors", 1, f"{self.path}:{lineno}: not an integer: {body!r}"))
+                    error(f"{self.path}:{lineno}: not an integer: {body!r}")
+                    values.append(0)
                     continue
                 part = int(body)
                 if not 0 <= part < self.parts:
-                    yield pvalue.TaggedOutput(
-                        "stats", Stat("assignment_errors", 1,
-                                      f"{self.path}:{lineno}: partition {part} out of range [0, {self.parts})"))
-                    continue
-                if v < n:
-                    yield v, part
-        if count != n:
-            yield pvalue.TaggedOutput(
-                "stats", Stat("assignment_errors", 1,
-                              f"{self.path}: {count} partition ids for {n} vertices (one line per vertex)"))
+                    error(f"{self.path}:{lineno}: partition {part} out of range [0, {self.parts})")
+                    part = 0
+                values.append(part)
+        if len(values) != n:
+            error(f"{self.path}: {len(values)} partition ids for {n} vertices (one line per vertex)")
+        vec = np.zeros(n, np.int32)
+        got = np.frombuffer(values, np.int64)[:n]
+        vec[:got.size] = got
+        yield from _stats("assignment_errors", errors, samples)
+        yield Assignment(self.parts, vec, "file")
 
 
 class AssignPartitions(beam.PTransform):
-    """{'vertices', 'edges', 'num_nodes'} -> {'assignment': (v, partition), 'stats': Stat or None}.
+    """{'edges': (src, dst) arrays, 'num_nodes'} -> {'assignment': one Assignment, 'stats': Stat or None}.
 
-    hash: ``v % P``; metis: pymetis on the whole symmetric graph (collected in one worker), seeded;
+    hash: ``v % P``; metis: METIS on the whole symmetric graph (collected in one worker), seeded;
     file: a METIS-style assignment file, line i = the partition of vertex i.
     """
 
@@ -488,32 +613,81 @@ class AssignPartitions(beam.PTransform):
         self.method, self.parts, self.assignment, self.seed = method, int(parts), assignment, int(seed)
 
     def expand(self, inputs):
-        parts = self.parts
+        n = pvalue.AsSingleton(inputs["num_nodes"])
         if self.method == "hash":
-            assignment = inputs["vertices"] | "Hash" >> beam.Map(lambda v: (v, v % parts))
-            stats = None
-        elif self.method == "metis":
-            assignment = (
+            return {"assignment": inputs["num_nodes"].pipeline | "Hash" >> beam.Create([Assignment(self.parts)]),
+                    "stats": None}
+        if self.method == "metis":
+            out = (
                 inputs["edges"]
-                | "Collect" >> beam.CombineGlobally(_CollectColumns(2))
-                | "Metis" >> beam.FlatMap(_metis, num_nodes=pvalue.AsSingleton(inputs["num_nodes"]),
-                                          parts=parts, seed=self.seed)
-                | "Spread" >> beam.Reshuffle()
+                | "Collect" >> beam.CombineGlobally(ConcatArrays((np.int32, np.int32)))
+                | "Metis" >> beam.ParDo(_Metis(self.parts, self.seed), num_nodes=n).with_outputs(
+                    "stats", main="assignment")
             )
-            stats = None
         else:
             out = (
-                inputs["vertices"].pipeline
+                inputs["num_nodes"].pipeline
                 | "Impulse" >> beam.Impulse()
-                | "Read" >> beam.ParDo(_ReadAssignment(self.assignment, parts),
-                                       num_nodes=pvalue.AsSingleton(inputs["num_nodes"]))
+                | "Read" >> beam.ParDo(_ReadAssignment(self.assignment, self.parts), num_nodes=n)
                 .with_outputs("stats", main="assignment")
             )
-            assignment, stats = out.assignment, out.stats
-        return {"assignment": assignment, "stats": stats}
+        return {"assignment": out.assignment, "stats": out.stats}
 
 
-# --- features and labels -------------------------------------------------------------------------------------------
+def _by_partition(parts: np.ndarray, num_parts: int, *arrays):
+    """(p, arrays restricted to partition p) for every partition with rows."""
+    if num_parts == 1:
+        if arrays[0].size:
+            yield 0, arrays if len(arrays) > 1 else arrays[0]
+        return
+    order = np.argsort(parts, kind="stable")
+    bounds = np.zeros(num_parts + 1, np.int64)
+    np.cumsum(np.bincount(parts, minlength=num_parts), out=bounds[1:])
+    sorted_arrays = [a[order] for a in arrays]
+    for p in range(num_parts):
+        lo, hi = bounds[p], bounds[p + 1]
+        if hi > lo:
+            sel = tuple(a[lo:hi] for a in sorted_arrays)
+            yield p, sel if len(sel) > 1 else sel[0]
+
+
+# --- Symmetrize ----------------------------------------------------------------------------------------------------
+_ONE = np.uint64(1)
+_SHIFT_DST = np.uint64(33)
+_LOW32 = np.uint64(0xFFFFFFFF)
+
+
+def _entry_keys(dst: np.ndarray, src: np.ndarray, forward: int) -> np.ndarray:
+    """Packed uint64 entries: dst << 33 | src << 1 | forward (ids < 2**31). Sorting them sorts by (dst, src)."""
+    keys = (dst.astype(np.uint64) << _SHIFT_DST) | (src.astype(np.uint64) << _ONE)
+    if forward:
+        keys |= _ONE
+    return keys
+
+
+class _Route(beam.DoFn):
+    def process(self, edges, assignment):
+        src, dst = edges
+        # the record's own direction (forward bit set: repeats of it are duplicates) and its reverse
+        keys = np.concatenate([_entry_keys(dst, src, 1), _entry_keys(src, dst, 0)])
+        heads = np.concatenate([dst, src])
+        yield from _by_partition(assignment.of(heads), assignment.parts, keys)
+
+
+class Symmetrize(beam.PTransform):
+    """(src, dst) edge arrays -> (partition, uint64 entry keys): both directions of every edge, routed to the
+    partition that owns the entry's destination. Deduplication happens there (:class:`BuildPartitions`): a record
+    repeating an earlier one in the same direction counts as a duplicate (its reverse does not)."""
+
+    def __init__(self, assignment):
+        super().__init__()
+        self.assignment = assignment
+
+    def expand(self, edges):
+        return edges | "BothDirections" >> beam.ParDo(_Route(), assignment=pvalue.AsSingleton(self.assignment))
+
+
+# --- features, labels and split files ------------------------------------------------------------------------------
 class TableInfo(NamedTuple):
     """What the driver learns about a feature/label file before the pipeline runs (cheap: headers, metadata)."""
 
@@ -601,118 +775,143 @@ def inspect_features(path: str) -> TableInfo:
                      tuple(f.name for f in others), groups)
 
 
-def inspect_labels(path: str) -> TableInfo:
+def inspect_labels(path: str, what: str = "label", column: str = "label") -> TableInfo:
+    """Labels (or, with what="split", split codes): .npy int [N], or Parquet with ``column`` (else the only
+    non-id column) and the optional id column."""
     if not os.path.isfile(path):
-        raise DataError(f"label file {path} does not exist")
+        raise DataError(f"{what} file {path} does not exist")
     if path.endswith(".npy"):
         shape, dtype = _npy_header(path)
         if len(shape) != 1:
-            raise DataError(f"{path}: labels must be a 1-D array [nodes], got shape {shape}")
+            raise DataError(f"{path}: {what}s must be a 1-D array [nodes], got shape {shape}")
         if dtype.kind not in "iu":
-            raise DataError(f"{path}: labels must be integers, got dtype {dtype}")
+            raise DataError(f"{path}: {what}s must be integers, got dtype {dtype}")
         return TableInfo(path, "npy", int(shape[0]), 0, None, ())
     if not path.lower().endswith(PARQUET_SUFFIXES):
-        raise DataError(f"{path}: label files must be .npy or .parquet")
+        raise DataError(f"{path}: {what} files must be .npy or .parquet")
     pf, schema, id_col, groups = _parquet_meta(path)
     others = [f for f in schema if f.name != id_col]
-    if "label" in schema.names:
-        col = schema.field("label")
+    if column in schema.names:
+        col = schema.field(column)
     elif len(others) == 1:
         col = others[0]
     else:
-        raise DataError(f"{path}: no 'label' column among {schema.names}")
+        raise DataError(f"{path}: no {column!r} column among {schema.names}")
     if not pa.types.is_integer(col.type):
-        raise DataError(f"{path}: labels must be integers, column {col.name!r} is {col.type}")
+        raise DataError(f"{path}: {what}s must be integers, column {col.name!r} is {col.type}")
     return TableInfo(path, "parquet", pf.metadata.num_rows, 0, id_col, (col.name,), groups)
-
-
-NPY_CHUNK = 8192
 
 
 def _plan_chunks(_, info: TableInfo):
     if info.kind == "npy":
-        for start in range(0, info.rows, NPY_CHUNK):
-            yield start, min(start + NPY_CHUNK, info.rows)
+        step = max(1, TABLE_CHUNK_BYTES // (8 * max(info.dim, 1)))
+        for start in range(0, info.rows, step):
+            yield start, min(start + step, info.rows)
     else:
         yield from info.row_groups
 
 
 class _ReadRows(beam.DoFn):
-    """A chunk of a feature/label file -> (vertex, value) (+ stats). value: float32 [F] array or int label."""
+    """A chunk of a feature/label/split file -> (partition, (vertex ids, values)) (+ stats), vectorized.
+    values: float32 [k, F] (features) or int64 [k] (labels, split codes)."""
 
     def __init__(self, info: TableInfo, what: str, num_nodes: int):
         self.info, self.what, self.num_nodes = info, what, num_nodes
 
-    def _values(self, chunk):
+    def _read(self, chunk):
+        """(ids, first row, values, bad-row mask, bad-row messages)."""
         info = self.info
         if info.kind == "npy":
             start, stop = chunk
-            arr = np.load(info.path, mmap_mode="r", allow_pickle=False)[start:stop]
-            return np.arange(start, stop, dtype=np.int64), np.asarray(arr), None
+            arr = np.asarray(np.load(info.path, mmap_mode="r", allow_pickle=False)[start:stop])
+            return np.arange(start, stop, dtype=np.int64), start, arr, None
         index, first = chunk
         table = pq.ParquetFile(info.path).read_row_group(index)
-        ids = (table.column(info.id_column).to_numpy(zero_copy_only=False) if info.id_column is not None
-               else np.arange(first, first + table.num_rows, dtype=np.int64))
-        if self.what == "labels":
+        k = table.num_rows
+        ids = (table.column(info.id_column).to_numpy(zero_copy_only=False).astype(np.int64) if info.id_column
+               else np.arange(first, first + k, dtype=np.int64))
+        if self.what != "features":
             col = table.column(info.value_columns[0])
-            values = col.fill_null(-1).to_numpy(zero_copy_only=False)
-            return ids, values, None
+            return ids, first, col.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64), None
+        dim = info.dim
         if len(info.value_columns) == 1 and _is_list_type(table.schema.field(info.value_columns[0]).type):
             col = table.column(info.value_columns[0]).combine_chunks()
-            lengths = (np.full(len(col), col.type.list_size) if pa.types.is_fixed_size_list(col.type)
-                       else col.value_lengths().fill_null(-1).to_numpy(zero_copy_only=False))
             nulls = col.is_null().to_numpy(zero_copy_only=False)
-            rows = col.to_pylist()
-            return ids, rows, (lengths, nulls)
+            lengths = (np.full(k, col.type.list_size) if pa.types.is_fixed_size_list(col.type)
+                       else col.value_lengths().fill_null(-1).to_numpy(zero_copy_only=False))
+            good = ~nulls & (lengths == dim)
+            mat = np.zeros((k, dim), np.float64)
+            if good.any():
+                flat = col.filter(pa.array(good)).flatten().cast(pa.float64())
+                mat[good] = flat.to_numpy(zero_copy_only=False).reshape(-1, dim)   # null values -> NaN
+            why = np.where(nulls, "null features", "")
+            msgs = {i: (why[i] or f"{lengths[i]} features, expected {dim}") for i in np.flatnonzero(~good)[:SAMPLES]}
+            return ids, first, mat, (~good, msgs)
         cols = [table.column(c) for c in info.value_columns]
-        nulls = np.zeros(table.num_rows, bool)
+        nulls = np.zeros(k, bool)
         for c in cols:
             if c.null_count:
                 nulls |= c.is_null().to_numpy(zero_copy_only=False)
         mat = np.column_stack([c.fill_null(0).to_numpy(zero_copy_only=False) for c in cols]).astype(np.float64)
-        return ids, mat, (np.full(table.num_rows, len(cols)), nulls)
+        return ids, first, mat, (nulls, {i: "null features" for i in np.flatnonzero(nulls)[:SAMPLES]})
 
-    def process(self, chunk):
-        ids, values, shape = self._values(chunk)
+    def process(self, chunk, assignment):
+        ids, first, values, shape_problems = self._read(chunk)
         what, n, path = self.what, self.num_nodes, self.info.path
-        for i, v in enumerate(ids.tolist()):
-            where = f"{path}: row {i + (chunk[0] if self.info.kind == 'npy' else chunk[1])}"
-            if not 0 <= v < n:
-                yield pvalue.TaggedOutput("stats", Stat(f"{what}_vertex_out_of_range", 1,
-                                                        f"{where}: vertex {v} out of range [0, {n})"))
-                continue
-            if what == "labels":
-                label = int(values[i])
-                if label < -1:
-                    yield pvalue.TaggedOutput("stats", Stat("bad_labels", 1, f"{where}: label {label} < -1"))
-                    continue
-                yield v, label
-                continue
-            if shape is not None:
-                lengths, nulls = shape
-                if nulls[i]:
-                    yield pvalue.TaggedOutput("stats", Stat("bad_feature_rows", 1, f"{where}: null features"))
-                    continue
-                if lengths[i] != self.info.dim:
-                    yield pvalue.TaggedOutput(
-                        "stats", Stat("bad_feature_rows", 1,
-                                      f"{where}: {lengths[i]} features, expected {self.info.dim}"))
-                    continue
-            row = np.asarray(values[i], dtype=np.float64)
-            if not np.isfinite(row).all():
-                bad = "NaN" if np.isnan(row).any() else "inf"
-                yield pvalue.TaggedOutput("stats", Stat("nan_features", 1, f"{where} (vertex {v}): {bad}"))
-                continue
-            yield v, row.astype(np.float32)
+
+        def where(i):
+            return f"{path}: row {first + int(i)}"
+
+        keep = (ids >= 0) & (ids < n)
+        if not keep.all():
+            bad = np.flatnonzero(~keep)
+            yield from _stats(f"{what}_vertex_out_of_range", bad.size,
+                              [f"{where(i)}: vertex {ids[i]} out of range [0, {n})" for i in bad[:SAMPLES]])
+        if what == "labels":
+            bad = keep & (values < -1)
+            if bad.any():
+                idx = np.flatnonzero(bad)
+                yield from _stats("bad_labels", idx.size, [f"{where(i)}: label {values[i]} < -1" for i in idx[:SAMPLES]])
+                keep &= ~bad
+        elif what == "splits":
+            bad = keep & ((values < -1) | (values > max(SPLIT_CODES.values())))
+            if bad.any():
+                idx = np.flatnonzero(bad)
+                yield from _stats("bad_splits", idx.size,
+                                  [f"{where(i)}: split code {values[i]} not in -1..2" for i in idx[:SAMPLES]])
+                keep &= ~bad
+        else:
+            if shape_problems is not None:
+                mask, msgs = shape_problems
+                bad = keep & mask
+                if bad.any():
+                    idx = np.flatnonzero(bad)
+                    yield from _stats("bad_feature_rows", idx.size,
+                                      [f"{where(i)}: {msgs.get(int(i), 'bad row')}" for i in idx[:SAMPLES]])
+                    keep &= ~bad
+            values = np.asarray(values, np.float64) if values.dtype != np.float64 else values
+            finite = np.isfinite(values).all(axis=1) if values.size else np.ones(len(values), bool)
+            bad = keep & ~finite
+            if bad.any():
+                idx = np.flatnonzero(bad)
+                yield from _stats("nan_features", idx.size, [
+                    f"{where(i)} (vertex {ids[i]}): {'NaN' if np.isnan(values[i]).any() else 'inf'}"
+                    for i in idx[:SAMPLES]])
+                keep &= ~bad
+            values = values.astype(np.float32)
+        if not keep.all():
+            ids, values = ids[keep], values[keep]
+        yield from _by_partition(assignment.of(ids), assignment.parts, ids, values)
 
 
 class ReadTable(beam.PTransform):
-    """PBegin -> {'rows': (vertex, value), 'stats'} from a file described by :class:`TableInfo`."""
+    """PBegin -> {'rows': (partition, (ids, values)), 'stats'} from a file described by :class:`TableInfo`;
+    rows are routed to the partition that owns their vertex (``assignment``: a singleton PCollection)."""
 
-    def __init__(self, info: TableInfo, what: str, num_nodes: int):
+    def __init__(self, info: TableInfo, what: str, num_nodes: int, assignment):
         super().__init__()
-        assert what in ("features", "labels")
-        self.info, self.what, self.num_nodes = info, what, num_nodes
+        assert what in ("features", "labels", "splits")
+        self.info, self.what, self.num_nodes, self.assignment = info, what, num_nodes, assignment
 
     def expand(self, pbegin):
         out = (
@@ -720,114 +919,47 @@ class ReadTable(beam.PTransform):
             | "Impulse" >> beam.Impulse()
             | "Plan" >> beam.FlatMap(_plan_chunks, info=self.info)
             | "Spread" >> beam.Reshuffle()
-            | "Read" >> beam.ParDo(_ReadRows(self.info, self.what, self.num_nodes)).with_outputs(
-                "stats", main="rows")
+            | "Read" >> beam.ParDo(_ReadRows(self.info, self.what, self.num_nodes),
+                                   assignment=pvalue.AsSingleton(self.assignment)).with_outputs("stats", main="rows")
         )
         return {"rows": out.rows, "stats": out.stats}
 
 
-def ReadFeatures(info: TableInfo, num_nodes: int) -> ReadTable:
-    return ReadTable(info, "features", num_nodes)
-
-
-def ReadLabels(info: TableInfo, num_nodes: int) -> ReadTable:
-    return ReadTable(info, "labels", num_nodes)
-
-
 # --- Split ---------------------------------------------------------------------------------------------------------
-def _split(columns, seed: int, train_per_class: int, val_per_class: int):
+def _split_codes(columns, num_nodes: int, seed: int, train_per_class: int, val_per_class: int) -> np.ndarray:
     from pipelines.data.splits import per_class_split
 
-    vertices, labels = columns
-    if vertices.size == 0:
-        return
-    n = int(vertices.max()) + 1
+    ids, labels = columns
+    n = int(num_nodes)
     y = np.full(n, -1, np.int64)
-    y[vertices] = labels
+    y[ids] = labels
     num_classes = int(y.max()) + 1 if (y >= 0).any() else 0
-    masks = per_class_split(y, num_classes, train_per_class, val_per_class, seed)
-    for name, mask in zip(SPLIT_NAMES, masks):
-        for v in np.flatnonzero(mask).tolist():
-            yield v, name
+    codes = np.full(n, SPLIT_CODES["none"], np.int8)
+    for name, mask in zip(SPLIT_NAMES, per_class_split(y, num_classes, train_per_class, val_per_class, seed)):
+        codes[mask] = SPLIT_CODES[name]
+    return codes
 
 
 class Split(beam.PTransform):
-    """(vertex, label) -> (vertex, 'train'|'val'|'test') for labelled vertices: ``train_per_class`` train and
-    ``val_per_class`` val vertices of every class, the other labelled vertices test — the same seeded split as
-    ``pipelines.data.splits.per_class_split`` computes in memory (the labels are collected in one worker)."""
+    """{'labels': (partition, (ids, labels)), 'num_nodes'} -> one int8 vector [N] of split codes:
+    ``train_per_class`` train and ``val_per_class`` val vertices of every class, the other labelled vertices test
+    — the same seeded split as ``pipelines.data.splits.per_class_split`` (the labels are collected in one worker)."""
 
     def __init__(self, seed: int, train_per_class: int = 20, val_per_class: int = 30):
         super().__init__()
         self.seed, self.train, self.val = int(seed), int(train_per_class), int(val_per_class)
 
-    def expand(self, labels):
-        return (
-            labels
-            | "Labelled" >> beam.Filter(lambda kv: kv[1] >= 0)
-            | "Collect" >> beam.CombineGlobally(_CollectColumns(2))
-            | "PerClass" >> beam.FlatMap(_split, seed=self.seed, train_per_class=self.train,
-                                         val_per_class=self.val)
-            | "Spread" >> beam.Reshuffle()
-        )
-
-
-# --- vertex table --------------------------------------------------------------------------------------------------
-class VertexRow(NamedTuple):
-    vertex: int
-    partition: int
-    degree: int
-    features: object          # float32 [F] or None
-    label: int
-    split: str | None
-
-
-def _vertex_row(kv, has_features: bool, has_labels: bool):
-    v, g = kv
-    g = {k: list(vals) for k, vals in g.items()}
-    deg, part = g["deg"], g["part"]
-    if not deg:   # only a feature/label row for a vertex outside the graph; reported by the reader
-        return
-    if len(part) != 1:
-        yield pvalue.TaggedOutput("stats", Stat("assignment_errors", 1, f"vertex {v}: {len(part)} partitions"))
-        return
-    feats = g.get("feat", [])
-    if has_features and len(feats) != 1:
-        name = "missing_features" if not feats else "duplicate_features"
-        yield pvalue.TaggedOutput("stats", Stat(name, 1, f"vertex {v}"))
-        return
-    labels = g.get("label", [])
-    if has_labels and len(labels) != 1:
-        name = "missing_labels" if not labels else "duplicate_labels"
-        yield pvalue.TaggedOutput("stats", Stat(name, 1, f"vertex {v}"))
-        return
-    label = labels[0] if labels else -1
-    split = g.get("split", [None])
-    split = split[0] if split else None
-    if label >= 0:
-        yield pvalue.TaggedOutput("stats", Stat("max:label", label))
-    if split is not None:
-        yield pvalue.TaggedOutput("stats", Stat(f"split_{split}", 1))
-    yield VertexRow(v, part[0], deg[0], feats[0] if feats else None, label, split)
-
-
-class JoinVertices(beam.PTransform):
-    """{'degrees', 'assignment', ['features'], ['labels'], ['split']} keyed by vertex -> VertexRow (+ stats)."""
-
     def expand(self, inputs):
-        tagged = {"deg": inputs["degrees"], "part": inputs["assignment"]}
-        for key, name in (("feat", "features"), ("label", "labels"), ("split", "split")):
-            if inputs.get(name) is not None:
-                tagged[key] = inputs[name]
-        out = (
-            tagged
-            | "Join" >> beam.CoGroupByKey()
-            | "Row" >> beam.FlatMap(_vertex_row, has_features="feat" in tagged, has_labels="label" in tagged)
-            .with_outputs("stats", main="rows")
+        return (
+            inputs["labels"]
+            | "Values" >> beam.Map(lambda kv: kv[1])
+            | "Collect" >> beam.CombineGlobally(ConcatArrays((np.int64, np.int64)))
+            | "PerClass" >> beam.Map(_split_codes, num_nodes=pvalue.AsSingleton(inputs["num_nodes"]),
+                                     seed=self.seed, train_per_class=self.train, val_per_class=self.val)
         )
-        return {"rows": out.rows, "stats": out.stats}
 
 
-# --- WriteShards ---------------------------------------------------------------------------------------------------
+# --- BuildPartitions -----------------------------------------------------------------------------------------------
 def _sha256(path: str) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
@@ -843,77 +975,171 @@ def _write_table(table: pa.Table, path: str) -> dict:
     return {"rows": table.num_rows, "bytes": os.path.getsize(path), "sha256": _sha256(path)}
 
 
-def _edge_by_destination_partition(kv):
-    dst, g = kv
-    part = list(g["part"])
-    if len(part) != 1:
-        return
-    part = part[0]
-    for src, w in g["in"]:
-        yield part, (src, dst, w)
+def _dedupe(chunks, owned: np.ndarray):
+    """Sorted unique (dst, src) int32 entries of a partition with one self-loop per owned vertex, the degree of
+    every owned vertex (self-loop included) and the number of duplicate records."""
+    loops = _entry_keys(owned, owned, 0)
+    keys = np.concatenate([np.asarray(c, np.uint64) for c in chunks] + [loops])
+    keys.sort()
+    if not keys.size:
+        return np.zeros(0, np.int32), np.zeros(0, np.int32), np.zeros(owned.size, np.int32), 0
+    pair = keys >> _ONE
+    first = np.empty(keys.size, bool)
+    first[0] = True
+    np.not_equal(pair[1:], pair[:-1], out=first[1:])
+    forward = np.add.reduceat((keys & _ONE).astype(np.int64), np.flatnonzero(first))
+    duplicates = int(np.maximum(forward - 1, 0).sum())
+    del keys
+    pair = pair[first]
+    dst = (pair >> np.uint64(32)).astype(np.int32)
+    src = (pair & _LOW32).astype(np.int32)
+    deg = (np.searchsorted(dst, owned, "right") - np.searchsorted(dst, owned, "left")).astype(np.int32)
+    return dst, src, deg, duplicates
 
 
-class _WritePartition(beam.DoFn):
-    def __init__(self, root: str, feature_dim: int):
-        self.root, self.feature_dim = root, feature_dim
-
-    def process(self, kv):
-        part, g = kv
-        name = shard_name(part)
-        # edges: sorted by (dst, src) so a graph server can build its CSR rows directly
-        e = sorted(g["edges"], key=lambda t: (t[1], t[0]))
-        edges = pa.table(
-            {
-                "src": pa.array([t[0] for t in e], pa.int64()),
-                "dst": pa.array([t[1] for t in e], pa.int64()),
-                "weight": pa.array(np.array([t[2] for t in e], np.float64).astype(np.float32), pa.float32()),
-            },
-            schema=EDGE_SCHEMA,
-        )
-        rows = sorted(g["vertices"], key=lambda r: r.vertex)
-        cols = {
-            "vertex": pa.array([r.vertex for r in rows], pa.int64()),
-            "partition": pa.array([r.partition for r in rows], pa.int32()),
-            "degree": pa.array([r.degree for r in rows], pa.int32()),
-        }
-        if self.feature_dim > 0:
-            flat = (np.concatenate([r.features for r in rows]).astype(np.float32) if rows
-                    else np.zeros(0, np.float32))
-            cols["features"] = pa.FixedSizeListArray.from_arrays(pa.array(flat, pa.float32()), self.feature_dim)
-        cols["label"] = pa.array([r.label for r in rows], pa.int32())
-        cols["split"] = pa.array([r.split for r in rows], pa.string())
-        vertices = pa.table(cols, schema=vertex_schema(self.feature_dim))
-        for kind, table in (("edges", edges), ("vertices", vertices)):
-            rel = f"{kind}/{name}"
-            meta = _write_table(table, os.path.join(self.root, kind, name))
-            yield Stat("list:files", 1, {"kind": kind, "partition": part, "path": rel, **meta})
+def _place(chunks, owned: np.ndarray, default, dtype, width: int | None = None):
+    """Values of the owned vertices from (ids, values) chunks: (array, missing ids, duplicated ids)."""
+    chunks = list(chunks)
+    shape = (owned.size,) if width is None else (owned.size, width)
+    out = np.full(shape, default, dtype)
+    if not chunks:
+        return out, owned, np.zeros(0, np.int64)
+    ids = np.concatenate([c[0] for c in chunks])
+    vals = np.concatenate([c[1] for c in chunks])
+    pos = np.searchsorted(owned, ids)
+    ok = pos < owned.size
+    ok[ok] = owned[pos[ok]] == ids[ok]     # rows are routed by owner, so always true; a guard all the same
+    count = np.bincount(pos[ok], minlength=owned.size)
+    out[pos[ok]] = vals[ok]
+    return out, owned[count == 0], owned[count > 1]
 
 
-class WriteShards(beam.PTransform):
-    """{'vertices': VertexRow, 'edges': (src, dst, w), 'assignment': (v, p)} -> Stat records of the files written:
-    ``root/edges/part-XXXXX.parquet`` (edges whose destination the partition owns) and
-    ``root/vertices/part-XXXXX.parquet``, for every partition 0..P-1 (empty ones included)."""
+class _BuildPartition(beam.DoFn):
+    """One partition's edge entries and vertex rows -> its vertex shard (written here), its sorted unique edge
+    entries (main output) and the degrees of its vertices (tagged 'degrees')."""
+
+    def __init__(self, root: str, feature_dim: int, tables: tuple):
+        self.root, self.feature_dim, self.tables = root, feature_dim, tables
+
+    def process(self, kv, assignment, num_nodes, split):
+        p, g = kv
+        n = int(num_nodes)
+        owned = assignment.owned(p, n)
+        dst, src, deg, duplicates = _dedupe(list(g["edges"]), owned)
+        yield from _stats("duplicate_edges", duplicates)
+        if int(deg.sum()) != dst.size:
+            yield from _stats("assignment_errors", 1, [f"partition {p}: edge entries of vertices it does not own"])
+        f = self.feature_dim
+        cols = [pa.array(owned), pa.array(np.full(owned.size, p, np.int32)), pa.array(deg)]
+        if f > 0:
+            feats, missing, dup = _place(g["features"], owned, 0.0, np.float32, f)
+            yield from _stats("missing_features", missing.size, [f"vertex {v}" for v in missing[:SAMPLES]])
+            yield from _stats("duplicate_features", dup.size, [f"vertex {v}" for v in dup[:SAMPLES]])
+            cols.append(pa.FixedSizeListArray.from_arrays(pa.array(feats.reshape(-1), pa.float32()),
+                                                          type=vertex_schema(f).field("features").type))
+        labels = np.full(owned.size, -1, np.int32)
+        if "labels" in self.tables:
+            labels, missing, dup = _place(g["labels"], owned, -1, np.int32)
+            yield from _stats("missing_labels", missing.size, [f"vertex {v}" for v in missing[:SAMPLES]])
+            yield from _stats("duplicate_labels", dup.size, [f"vertex {v}" for v in dup[:SAMPLES]])
+            if (labels >= 0).any():
+                yield pvalue.TaggedOutput("stats", Stat("max:label", int(labels.max())))
+        if "splits" in self.tables:
+            codes, _, dup = _place(g["splits"], owned, SPLIT_CODES["none"], np.int8)   # no row: in no split
+            yield from _stats("duplicate_splits", dup.size, [f"vertex {v}" for v in dup[:SAMPLES]])
+        elif split is not None:
+            codes = split[owned]
+        else:
+            codes = np.full(owned.size, SPLIT_CODES["none"], np.int8)
+        unlabelled = (codes >= 0) & (labels < 0)
+        if unlabelled.any():
+            bad = owned[unlabelled]
+            yield from _stats("split_unlabelled", bad.size, [f"vertex {v}" for v in bad[:SAMPLES]])
+        for name in SPLIT_NAMES:
+            yield from _stats(f"split_{name}", int((codes == SPLIT_CODES[name]).sum()))
+        cols += [pa.array(labels), pa.array(codes.astype(np.int8))]
+        table = pa.Table.from_arrays(cols, schema=vertex_schema(f))
+        name = shard_name(p)
+        meta = _write_table(table, os.path.join(self.root, "vertices", name))
+        yield pvalue.TaggedOutput("stats", Stat("list:files", 1, {"kind": "vertices", "partition": p,
+                                                                 "path": f"vertices/{name}", **meta}))
+        yield pvalue.TaggedOutput("degrees", (owned, deg))
+        yield p, (dst, src)
+
+
+class BuildPartitions(beam.PTransform):
+    """{'edges': (p, entry keys), ['features' | 'labels' | 'splits']: (p, (ids, values)), 'assignment',
+    'num_nodes', ['split']} -> {'entries': (p, (dst, src)) sorted unique, self-loops included,
+    'degrees': (ids, degrees), 'stats': Stat (vertex shard files included)}.
+
+    One CoGroupByKey by partition (every partition 0..P-1 appears, empty ones included); each partition's vertex
+    shard is written by the worker that holds it."""
+
+    TABLES = ("features", "labels", "splits")
 
     def __init__(self, root: str, partitions: int, feature_dim: int):
         super().__init__()
         self.root, self.partitions, self.feature_dim = root, int(partitions), int(feature_dim)
 
     def expand(self, inputs):
-        for kind in ("edges", "vertices"):
-            os.makedirs(os.path.join(self.root, kind), exist_ok=True)
-        edges = (
-            {"in": inputs["edges"] | "ByDestination" >> beam.Map(lambda e: (e[1], (e[0], e[2]))),
-             "part": inputs["assignment"]}
-            | "JoinPartition" >> beam.CoGroupByKey()
-            | "ByPartition" >> beam.FlatMap(_edge_by_destination_partition)
-        )
-        vertices = inputs["vertices"] | "VertexByPartition" >> beam.Map(lambda r: (r.partition, r))
-        every = inputs["vertices"].pipeline | "Partitions" >> beam.Create([(p, None) for p in range(self.partitions)])
-        return (
-            {"edges": edges, "vertices": vertices, "all": every}
+        os.makedirs(os.path.join(self.root, "vertices"), exist_ok=True)
+        pipeline = inputs["edges"].pipeline
+        tables = tuple(t for t in self.TABLES if inputs.get(t) is not None)
+        tagged = {"edges": inputs["edges"], **{t: inputs[t] for t in tables},
+                  "all": pipeline | "Partitions" >> beam.Create([(p, None) for p in range(self.partitions)])}
+        split = inputs.get("split")
+        if split is None:
+            split = pipeline | "NoSplit" >> beam.Create([None])
+        out = (
+            tagged
             | "GroupByPartition" >> beam.CoGroupByKey()
-            | "Write" >> beam.ParDo(_WritePartition(self.root, self.feature_dim))
+            | "Build" >> beam.ParDo(_BuildPartition(self.root, self.feature_dim, tables),
+                                    assignment=pvalue.AsSingleton(inputs["assignment"]),
+                                    num_nodes=pvalue.AsSingleton(inputs["num_nodes"]),
+                                    split=pvalue.AsSingleton(split)).with_outputs("stats", "degrees", main="entries")
         )
+        return {"entries": out.entries, "degrees": out.degrees, "stats": out.stats}
+
+
+# --- WriteEdgeShards -----------------------------------------------------------------------------------------------
+def _inverse_sqrt_degrees(columns, num_nodes: int) -> np.ndarray:
+    ids, deg = columns
+    d = np.ones(int(num_nodes), np.float64)
+    d[ids] = deg
+    return 1.0 / np.sqrt(d)
+
+
+class _WriteEdges(beam.DoFn):
+    def __init__(self, root: str):
+        self.root = root
+
+    def process(self, kv, dinv):
+        p, (dst, src) = kv
+        # the same float64 products as gcn_normalize's diags(dinv) @ (A+I) @ diags(dinv), then float32
+        weight = (dinv[src] * dinv[dst]).astype(np.float32)
+        table = pa.Table.from_arrays([pa.array(src.astype(np.int64)), pa.array(dst.astype(np.int64)),
+                                      pa.array(weight)], schema=EDGE_SCHEMA)
+        name = shard_name(p)
+        meta = _write_table(table, os.path.join(self.root, "edges", name))
+        yield Stat("list:files", 1, {"kind": "edges", "partition": p, "path": f"edges/{name}", **meta})
+
+
+class WriteEdgeShards(beam.PTransform):
+    """{'entries': (p, (dst, src)), 'degrees': (ids, degrees), 'num_nodes'} -> Stat records of the edge shards:
+    weight = Â[dst, src] = 1/sqrt(deg(src) deg(dst)), the degree vector broadcast as a side input."""
+
+    def __init__(self, root: str):
+        super().__init__()
+        self.root = root
+
+    def expand(self, inputs):
+        os.makedirs(os.path.join(self.root, "edges"), exist_ok=True)
+        dinv = (
+            inputs["degrees"]
+            | "CollectDegrees" >> beam.CombineGlobally(ConcatArrays((np.int64, np.int32)))
+            | "InverseSqrt" >> beam.Map(_inverse_sqrt_degrees, num_nodes=pvalue.AsSingleton(inputs["num_nodes"]))
+        )
+        return inputs["entries"] | "Write" >> beam.ParDo(_WriteEdges(self.root), dinv=pvalue.AsSingleton(dinv))
 
 
 def _write_stats(stats: dict, root: str):
@@ -939,15 +1165,13 @@ class Config(NamedTuple):
     seed: int
     train_per_class: int
     val_per_class: int
+    split_file: TableInfo | None = None
 
 
 def build(p: beam.Pipeline, cfg: Config, root: str) -> None:
     """Add the prepare transforms to ``p``; shards and ``_stats.json`` are written under ``root``."""
     read = p | "ReadEdges" >> ReadEdges(cfg.edges)
-    valid = read["records"] | "Validate" >> Validate(cfg.num_nodes, cfg.num_nodes_source)
-    sym = valid["edges"] | "Symmetrize" >> Symmetrize()
-    edges = sym["edges"]
-
+    valid = read["chunks"] | "Validate" >> Validate(cfg.num_nodes, cfg.num_nodes_source)
     if cfg.num_nodes is not None:
         num_nodes = p | "NumNodes" >> beam.Create([cfg.num_nodes])
     else:
@@ -956,33 +1180,37 @@ def build(p: beam.Pipeline, cfg: Config, root: str) -> None:
             | "MaxId" >> beam.CombineGlobally(lambda ids: max(ids, default=-1))
             | "PlusOne" >> beam.Map(lambda m: m + 1)
         )
-    vertices = num_nodes | "Vertices" >> Vertices()
-    degrees = {"vertices": vertices, "edges": edges} | "Degrees" >> Degrees()
-    weighted = {"edges": edges, "degrees": degrees} | "Normalize" >> Normalize()
-    parts = {"vertices": vertices, "edges": edges, "num_nodes": num_nodes} | "AssignPartitions" >> AssignPartitions(
+    parts = {"edges": valid["edges"], "num_nodes": num_nodes} | "AssignPartitions" >> AssignPartitions(
         cfg.partitioner, cfg.partitions, cfg.assignment, cfg.seed)
+    assignment = parts["assignment"]
+    entries = valid["edges"] | "Symmetrize" >> Symmetrize(assignment)
 
-    stats = [read["stats"], valid["stats"], sym["stats"],
+    stats = [read["stats"], valid["stats"],
              num_nodes | "NumNodesStat" >> beam.Map(lambda n: Stat("max:num_nodes", int(n)))]
     if parts["stats"] is not None:
         stats.append(parts["stats"])
-    joined = {"degrees": degrees, "assignment": parts["assignment"]}
+    inputs = {"edges": entries, "assignment": assignment, "num_nodes": num_nodes}
     feature_dim = 0
     if cfg.features is not None:
-        feats = p | "ReadFeatures" >> ReadFeatures(cfg.features, cfg.num_nodes)
-        joined["features"] = feats["rows"]
+        feats = p | "ReadFeatures" >> ReadTable(cfg.features, "features", cfg.num_nodes, assignment)
+        inputs["features"] = feats["rows"]
         stats.append(feats["stats"])
         feature_dim = cfg.features.dim
     if cfg.labels is not None:
-        labels = p | "ReadLabels" >> ReadLabels(cfg.labels, cfg.num_nodes)
-        joined["labels"] = labels["rows"]
+        labels = p | "ReadLabels" >> ReadTable(cfg.labels, "labels", cfg.num_nodes, assignment)
+        inputs["labels"] = labels["rows"]
         stats.append(labels["stats"])
         if cfg.split:
-            joined["split"] = labels["rows"] | "Split" >> Split(cfg.seed, cfg.train_per_class, cfg.val_per_class)
-    rows = joined | "JoinVertices" >> JoinVertices()
-    stats.append(rows["stats"])
-    files = {"vertices": rows["rows"], "edges": weighted, "assignment": parts["assignment"]} | "WriteShards" >> \
-        WriteShards(root, cfg.partitions, feature_dim)
+            inputs["split"] = {"labels": labels["rows"], "num_nodes": num_nodes} | "Split" >> Split(
+                cfg.seed, cfg.train_per_class, cfg.val_per_class)
+    if cfg.split_file is not None:
+        splits = p | "ReadSplits" >> ReadTable(cfg.split_file, "splits", cfg.num_nodes, assignment)
+        inputs["splits"] = splits["rows"]
+        stats.append(splits["stats"])
+    built = inputs | "BuildPartitions" >> BuildPartitions(root, cfg.partitions, feature_dim)
+    stats.append(built["stats"])
+    files = {"entries": built["entries"], "degrees": built["degrees"], "num_nodes": num_nodes} | \
+        "WriteEdgeShards" >> WriteEdgeShards(root)
     stats.append(files)
     (
         stats
@@ -1011,6 +1239,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="fail when more edge lines than this are malformed (default 0)")
     ap.add_argument("--split", action="store_true",
                     help="seeded per-class split of the labelled vertices (needs --labels)")
+    ap.add_argument("--split-file", metavar="PATH",
+                    help="a given split: .npy int [N] (or Parquet 'split' column) of codes -1 none, 0 train, "
+                         "1 val, 2 test")
     ap.add_argument("--train-per-class", type=int, default=20)
     ap.add_argument("--val-per-class", type=int, default=30)
     ap.add_argument("--seed", type=int, default=0, help="seed of the split and of METIS (default 0)")
@@ -1018,6 +1249,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--overwrite", action="store_true", help="replace an existing DIR")
     ap.add_argument("--engine", choices=("direct", "flink"),
                     help="shorthand for the runner flags of pipelines.beam.runners.runner_options")
+    ap.add_argument("--workers", type=int, metavar="N",
+                    help="with --engine direct: N worker processes (multi-processing mode); with --engine flink: "
+                         "the parallelism")
     return ap
 
 
@@ -1035,8 +1269,14 @@ def make_config(args: argparse.Namespace) -> Config:
         raise DataError("--max-bad-records must be >= 0")
     if args.split and not args.labels:
         raise DataError("--split needs --labels")
+    if args.split and args.split_file:
+        raise DataError("--split and --split-file exclude each other")
+    if args.split_file and not args.labels:
+        raise DataError("--split-file needs --labels")
     if args.num_nodes is not None and not 0 <= args.num_nodes <= ID_LIMIT:
         raise DataError(f"--num-nodes must lie in [0, {ID_LIMIT}]")
+    if args.workers is not None and args.workers < 1:
+        raise DataError(f"--workers must be >= 1, got {args.workers}")
     try:
         matched = FileSystems.match([args.edges])[0].metadata_list
     except Exception as e:  # BeamIOError for a missing non-glob path on some file systems
@@ -1045,19 +1285,20 @@ def make_config(args: argparse.Namespace) -> Config:
         raise DataError(f"--edges {args.edges!r} matches no file")
     feats = inspect_features(args.features) if args.features else None
     labels = inspect_labels(args.labels) if args.labels else None
+    splits = inspect_labels(args.split_file, "split", "split") if args.split_file else None
     n, source = args.num_nodes, "--num-nodes"
-    for info, what in ((feats, "--features"), (labels, "--labels")):
+    for info, what in ((feats, "--features"), (labels, "--labels"), (splits, "--split-file")):
         if info is None:
             continue
         if n is None:
             n, source = info.rows, f"from the {info.rows} rows of {what} {info.path}"
-        elif info.rows != n:
+        elif info.rows != n and not (what == "--split-file" and info.id_column):
             raise DataError(f"{what} {info.path} has {info.rows} rows but the graph has {n} vertices ({source})")
     if feats is not None and feats.kind == "npy" and feats.dim == 0:
         feats = None   # [N, 0]: no features
     return Config(args.edges, args.out, feats, labels, n, source, args.partitions, args.partitioner,
                   args.assignment, args.max_bad_records, args.split, args.seed, args.train_per_class,
-                  args.val_per_class)
+                  args.val_per_class, splits)
 
 
 ERROR_COUNTERS = (
@@ -1071,6 +1312,10 @@ ERROR_COUNTERS = (
     ("bad_labels", "invalid labels"),
     ("missing_labels", "vertices without a label row"),
     ("duplicate_labels", "vertices with several label rows"),
+    ("splits_vertex_out_of_range", "split rows for vertices outside the graph"),
+    ("bad_splits", "invalid split codes"),
+    ("duplicate_splits", "vertices with several split rows"),
+    ("split_unlabelled", "vertices in a split without a label"),
     ("assignment_errors", "partition assignment problems"),
 )
 
@@ -1093,7 +1338,7 @@ def check_stats(stats: dict, cfg: Config) -> None:
 COUNTERS = ("input_records", "bad_records", "header_lines", "self_loops", "duplicate_edges")
 
 
-def make_manifest(stats: dict, cfg: Config, args: argparse.Namespace, pipeline_args: list[str]) -> dict:
+def make_manifest(stats: dict, cfg: Config, args: argparse.Namespace, pipeline_args: list[str], name: str) -> dict:
     files = sorted(stats.get("list:files", (0, []))[1], key=lambda f: (f["kind"], f["partition"]))
     by_kind = {k: [f for f in files if f["kind"] == k] for k in ("edges", "vertices")}
     for kind, lst in by_kind.items():
@@ -1109,36 +1354,46 @@ def make_manifest(stats: dict, cfg: Config, args: argparse.Namespace, pipeline_a
     counters = {c: int(stats.get(c, (0,))[0]) for c in COUNTERS}
     counters["valid_edges"] = (counters["input_records"] - counters["bad_records"] - counters["self_loops"])
     split = None
-    if cfg.split:
-        split = {name: int(stats.get(f"split_{name}", (0,))[0]) for name in SPLIT_NAMES}
-        split.update(seed=cfg.seed, train_per_class=cfg.train_per_class, val_per_class=cfg.val_per_class)
-    flags = {k: v for k, v in vars(args).items()}
-    return {
+    if cfg.split or cfg.split_file is not None:
+        split = {s: int(stats.get(f"split_{s}", (0,))[0]) for s in SPLIT_NAMES}
+        if cfg.split:
+            split.update(source="per-class", seed=cfg.seed, train_per_class=cfg.train_per_class,
+                         val_per_class=cfg.val_per_class)
+        else:
+            split.update(source=cfg.split_file.path)
+    partitions = []
+    for e, v in zip(by_kind["edges"], by_kind["vertices"]):
+        partitions.append({"partition": e["partition"], "vertices": v["path"], "edges": e["path"],
+                           "num_vertices": v["rows"], "num_edges": e["rows"],
+                           "vertices_sha256": v["sha256"], "edges_sha256": e["sha256"],
+                           "vertices_bytes": v["bytes"], "edges_bytes": e["bytes"]})
+    f = cfg.features.dim if cfg.features is not None else 0
+    manifest = {
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
-        "num_nodes": n,
+        "schema_version": SCHEMA_VERSION,
+        "name": name,
+        "num_vertices": n,
         "num_edges": edge_rows - n,            # directed, both directions, without the self-loops (= adj.nnz)
         "num_edge_rows": edge_rows,            # rows in the edge shards: num_edges + one self-loop per vertex
-        "feature_dim": cfg.features.dim if cfg.features is not None else 0,
+        "num_partitions": cfg.partitions,
+        "feature_dim": f,
         "num_classes": int(max_label[0]) + 1 if max_label else 0,
-        "partitions": cfg.partitions,
+        "directed": False,
         "partitioner": cfg.partitioner,
         "normalization": "gcn: edge rows hold A_hat[dst, src] = 1/sqrt(deg(src)) * 1/sqrt(deg(dst)) of "
                          "A_hat = D^-1/2 (A + I) D^-1/2; degree counts the self-loop",
+        "partitions": partitions,              # num_edges of a partition = its edge-shard rows (self-loops too)
         "split": split,
-        "files": {"edges": [{k: f[k] for k in ("path", "partition", "rows", "bytes", "sha256")}
-                            for f in by_kind["edges"]],
-                  "vertices": [{k: f[k] for k in ("path", "partition", "rows", "bytes", "sha256")}
-                               for f in by_kind["vertices"]]},
         "counters": counters,
         "bad_record_samples": list(stats.get("bad_records", (0, []))[1]),
-        "flags": flags,
+        "flags": dict(vars(args)),
         "pipeline_args": list(pipeline_args),
         "schemas": {"edges": EDGE_SCHEMA.to_string(show_schema_metadata=False),
-                    "vertices": vertex_schema(cfg.features.dim if cfg.features else 0)
-                    .to_string(show_schema_metadata=False)},
-        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                    "vertices": vertex_schema(f).to_string(show_schema_metadata=False)},
+        "created_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     }
+    return file_schemas.validate_manifest(manifest)
 
 
 def _commit(tmp: Path, out: Path, overwrite: bool) -> None:
@@ -1156,6 +1411,20 @@ def _commit(tmp: Path, out: Path, overwrite: bool) -> None:
     os.replace(tmp, out)
 
 
+def engine_flags(engine: str | None, workers: int | None, pipeline_args: list[str]) -> list[str]:
+    """--engine/--workers -> Beam flags (pipelines.beam.runners.runner_options), then the caller's Beam flags."""
+    if not engine:
+        if workers:
+            engine = "direct"
+        else:
+            return list(pipeline_args)
+    from pipelines.beam.runners import runner_options
+
+    if engine == "direct":
+        return runner_options("direct", pipeline_args, num_workers=workers)
+    return runner_options(engine, pipeline_args, parallelism=workers)
+
+
 def run(argv: list[str] | None = None) -> dict:
     """Run the prepare pipeline; returns the manifest. Raises DataError on bad input (no manifest is left)."""
     parser = build_parser()
@@ -1164,10 +1433,7 @@ def run(argv: list[str] | None = None) -> dict:
     out = Path(args.out).absolute()
     if out.exists() and not args.overwrite and (not out.is_dir() or any(out.iterdir())):
         raise DataError(f"--out {out} exists; pass --overwrite to replace it")
-    if args.engine:
-        from pipelines.beam.runners import runner_options
-
-        pipeline_args = runner_options(args.engine, pipeline_args)
+    pipeline_args = engine_flags(args.engine, args.workers, pipeline_args)
     options = PipelineOptions(pipeline_args)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f"{out.name}.tmp-{uuid.uuid4().hex[:12]}")
@@ -1180,7 +1446,7 @@ def run(argv: list[str] | None = None) -> dict:
             raise RuntimeError(f"the pipeline finished without writing {stats_path}")
         stats = json.loads(stats_path.read_text())
         check_stats(stats, cfg)
-        manifest = make_manifest(stats, cfg, args, pipeline_args)
+        manifest = make_manifest(stats, cfg, args, pipeline_args, out.name)
         stats_path.unlink()
         mtmp = tmp / "manifest.json.tmp"
         mtmp.write_text(json.dumps(manifest, indent=1, sort_keys=False) + "\n")
@@ -1193,9 +1459,14 @@ def run(argv: list[str] | None = None) -> dict:
     if c["bad_records"]:
         log.warning("skipped %d bad edge records, e.g. %s", c["bad_records"], manifest["bad_record_samples"][:3])
     log.info("prepared %s: %d vertices, %d edges, %d partitions (%d self-loops, %d duplicates dropped)", out,
-             manifest["num_nodes"], manifest["num_edges"], manifest["partitions"], c["self_loops"],
+             manifest["num_vertices"], manifest["num_edges"], manifest["num_partitions"], c["self_loops"],
              c["duplicate_edges"])
     return manifest
+
+
+def summary_line(manifest: dict) -> dict:
+    return {k: manifest[k] for k in ("num_vertices", "num_edges", "feature_dim", "num_classes", "num_partitions")} | \
+        {"out": str(Path(manifest["flags"]["out"]))}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -1207,8 +1478,7 @@ def main(argv: list[str] | None = None) -> int:
     except (DataError, RunnerUnavailable) as e:   # one line, exit 2: the convention of the `dorylus` CLI
         print(f"prepare: error: {e}", file=sys.stderr)
         return 2
-    print(json.dumps({k: manifest[k] for k in ("num_nodes", "num_edges", "feature_dim", "num_classes",
-                                               "partitions")} | {"out": str(Path(manifest["flags"]["out"]))}))
+    print(json.dumps(summary_line(manifest)))
     return 0
 
 

@@ -22,7 +22,11 @@ import scipy.sparse as sp
 
 from pipelines.data.graph import DataError
 
+from schemas.files import SPLIT_CODES, validate_manifest
+from schemas.messages import SchemaError
+
 FORMAT = "dorylus-prepared"
+FORMAT_VERSIONS = (2,)
 SPLIT_NAMES = ("train", "val", "test")
 
 
@@ -48,7 +52,13 @@ def read_manifest(root: str | os.PathLike) -> dict:
         manifest = json.load(f)
     if manifest.get("format") != FORMAT:
         raise ShardError(f"{path}: format {manifest.get('format')!r}, expected {FORMAT!r}")
-    return manifest
+    if manifest.get("format_version") not in FORMAT_VERSIONS:
+        raise ShardError(f"{path}: format version {manifest.get('format_version')!r}; this reader knows "
+                         f"{list(FORMAT_VERSIONS)} (prepare the graph again)")
+    try:
+        return validate_manifest(manifest)
+    except SchemaError as e:
+        raise ShardError(f"{path}: {e}") from None
 
 
 def _sha256(path: str) -> str:
@@ -59,17 +69,19 @@ def _sha256(path: str) -> str:
     return h.hexdigest()
 
 
-def _read_shard(root, entry: dict, verify: bool) -> pa.Table:
-    path = os.path.join(root, entry["path"])
+def _read_shard(root, entry: dict, kind: str, verify: bool, columns=None) -> pa.Table:
+    """kind: "edges" or "vertices" of a manifest partition entry."""
+    path = os.path.join(root, entry[kind])
+    rows = entry["num_edges" if kind == "edges" else "num_vertices"]
     if not os.path.isfile(path):
         raise ShardError(f"{path}: listed in the manifest but missing")
     if verify:
         digest = _sha256(path)
-        if digest != entry["sha256"]:
-            raise ShardError(f"{path}: sha256 {digest} does not match the manifest's {entry['sha256']}")
-    table = pq.read_table(path)
-    if table.num_rows != entry["rows"]:
-        raise ShardError(f"{path}: {table.num_rows} rows, the manifest says {entry['rows']}")
+        if digest != entry[f"{kind}_sha256"]:
+            raise ShardError(f"{path}: sha256 {digest} does not match the manifest's {entry[f'{kind}_sha256']}")
+    table = pq.read_table(path, columns=columns)
+    if table.num_rows != rows:
+        raise ShardError(f"{path}: {table.num_rows} rows, the manifest says {rows}")
     return table
 
 
@@ -77,32 +89,29 @@ def read_partition(root: str | os.PathLike, partition: int, verify: bool = True,
                    manifest: dict | None = None) -> tuple[pa.Table, pa.Table]:
     """(edges, vertices) Tables of one partition."""
     manifest = manifest or read_manifest(root)
-    out = []
-    for kind in ("edges", "vertices"):
-        entries = [e for e in manifest["files"][kind] if e["partition"] == partition]
-        if len(entries) != 1:
-            raise ShardError(f"{root}: partition {partition} has {len(entries)} {kind} shards in the manifest")
-        out.append(_read_shard(root, entries[0], verify))
-    return out[0], out[1]
+    entries = [e for e in manifest["partitions"] if e["partition"] == partition]
+    if len(entries) != 1:
+        raise ShardError(f"{root}: partition {partition} is not in the manifest")
+    return _read_shard(root, entries[0], "edges", verify), _read_shard(root, entries[0], "vertices", verify)
 
 
-def read_all(root: str | os.PathLike, verify: bool = True,
-             manifest: dict | None = None) -> tuple[pa.Table, pa.Table, dict]:
+def read_all(root: str | os.PathLike, verify: bool = True, manifest: dict | None = None,
+             vertex_columns=None) -> tuple[pa.Table, pa.Table, dict]:
     """(edges, vertices, manifest): all partitions' rows concatenated, vertices sorted by id."""
     manifest = manifest or read_manifest(root)
-    tables = {kind: [_read_shard(root, e, verify) for e in sorted(manifest["files"][kind],
-                                                                  key=lambda e: e["partition"])]
-              for kind in ("edges", "vertices")}
-    edges = pa.concat_tables(tables["edges"]) if tables["edges"] else None
-    vertices = pa.concat_tables(tables["vertices"]) if tables["vertices"] else None
+    entries = sorted(manifest["partitions"], key=lambda e: e["partition"])
+    edges = [_read_shard(root, e, "edges", verify) for e in entries]
+    vertices = [_read_shard(root, e, "vertices", verify, vertex_columns) for e in entries]
+    edges = pa.concat_tables(edges) if edges else None
+    vertices = pa.concat_tables(vertices) if vertices else None
     if vertices is not None:
         vertices = vertices.sort_by("vertex")
     return edges, vertices, manifest
 
 
-def _columns(root, verify, manifest=None):
-    edges, vertices, manifest = read_all(root, verify, manifest)
-    n = int(manifest["num_nodes"])
+def _columns(root, verify, manifest=None, vertex_columns=None):
+    edges, vertices, manifest = read_all(root, verify, manifest, vertex_columns)
+    n = int(manifest["num_vertices"])
     ids = vertices.column("vertex").to_numpy() if vertices is not None else np.zeros(0, np.int64)
     if not np.array_equal(ids, np.arange(n)):
         raise ShardError(f"{root}: the vertex shards do not hold every vertex 0..{n - 1} exactly once")
@@ -111,22 +120,12 @@ def _columns(root, verify, manifest=None):
 
 def normalized_adjacency(root: str | os.PathLike, verify: bool = True) -> sp.csr_matrix:
     """Â = D^-1/2 (A + I) D^-1/2 from the stored weights: float32 CSR, sorted indices (row = dst, col = src)."""
-    edges, _, manifest, n = _columns(root, verify)
-    return _csr(edges, n, weights=True)
-
-
-def _csr(edges: pa.Table | None, n: int, weights: bool) -> sp.csr_matrix:
+    edges, _, manifest, n = _columns(root, verify, vertex_columns=["vertex"])
     if edges is None or edges.num_rows == 0:
         return sp.csr_matrix((n, n), dtype=np.float32)
     src = edges.column("src").to_numpy()
     dst = edges.column("dst").to_numpy()
-    if weights:
-        data = edges.column("weight").to_numpy()
-    else:
-        keep = src != dst
-        src, dst = src[keep], dst[keep]
-        data = np.ones(src.size, np.float32)
-    a = sp.csr_matrix((data, (dst, src)), shape=(n, n), dtype=np.float32)
+    a = sp.csr_matrix((edges.column("weight").to_numpy(), (dst, src)), shape=(n, n), dtype=np.float32)
     a.sum_duplicates()
     a.sort_indices()
     a.indices = a.indices.astype(np.int32)
@@ -134,10 +133,17 @@ def _csr(edges: pa.Table | None, n: int, weights: bool) -> sp.csr_matrix:
     return a
 
 
-def load_prepared(root: str | os.PathLike, verify: bool = True) -> Prepared:
-    """(adj, features, labels, train_mask, val_mask, test_mask, manifest) of a prepared directory."""
-    edges, vertices, manifest, n = _columns(root, verify)
-    adj = _csr(edges, n, weights=False)
+def _edge_list(edges: pa.Table | None) -> tuple[np.ndarray, np.ndarray]:
+    """(src, dst) of the stored edges without the self-loops."""
+    if edges is None or edges.num_rows == 0:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    src = edges.column("src").to_numpy()
+    dst = edges.column("dst").to_numpy()
+    keep = src != dst
+    return src[keep], dst[keep]
+
+
+def _vertex_arrays(vertices: pa.Table, manifest: dict, n: int):
     f = int(manifest.get("feature_dim", 0))
     if f > 0:
         col = vertices.column("features").combine_chunks()
@@ -145,25 +151,43 @@ def load_prepared(root: str | os.PathLike, verify: bool = True) -> Prepared:
     else:
         features = np.zeros((n, 0), np.float32)
     labels = vertices.column("label").to_numpy().astype(np.int32) if n else np.zeros(0, np.int32)
-    split = vertices.column("split").to_pylist() if n else []
-    split = np.array([s if s is not None else "" for s in split], dtype=object)
-    masks = [split == name for name in SPLIT_NAMES] if n else [np.zeros(0, bool)] * 3
-    masks = [np.asarray(m, dtype=bool) for m in masks]
-    return Prepared(adj, np.ascontiguousarray(features), labels, masks[0], masks[1], masks[2], manifest)
+    split = vertices.column("split").to_numpy() if n else np.zeros(0, np.int8)
+    masks = [np.asarray(split == SPLIT_CODES[name], dtype=bool) for name in SPLIT_NAMES]
+    return np.ascontiguousarray(features), labels, masks
+
+
+def load_prepared(root: str | os.PathLike, verify: bool = True) -> Prepared:
+    """(adj, features, labels, train_mask, val_mask, test_mask, manifest) of a prepared directory."""
+    from pipelines.data.graph import clean_adjacency
+
+    edges, vertices, manifest, n = _columns(root, verify)
+    adj = clean_adjacency(*_edge_list(edges), n)
+    features, labels, masks = _vertex_arrays(vertices, manifest, n)
+    return Prepared(adj, features, labels, masks[0], masks[1], masks[2], manifest)
 
 
 def partition_assignment(root: str | os.PathLike, verify: bool = True) -> np.ndarray:
     """int32 [N]: the partition of every vertex."""
-    _, vertices, _, n = _columns(root, verify)
-    return vertices.column("partition").to_numpy().astype(np.int32) if n else np.zeros(0, np.int32)
+    manifest = read_manifest(root)
+    entries = sorted(manifest["partitions"], key=lambda e: e["partition"])
+    n = int(manifest["num_vertices"])
+    out = np.full(n, -1, np.int32)
+    for e in entries:
+        t = _read_shard(root, e, "vertices", verify, ["vertex", "partition"])
+        out[t.column("vertex").to_numpy()] = t.column("partition").to_numpy()
+    if (out < 0).any():
+        raise ShardError(f"{root}: the vertex shards do not hold every vertex 0..{n - 1}")
+    return out
 
 
 def load_graph(root: str | os.PathLike, name: str | None = None, verify: bool = True):
     """The prepared graph as the project's :class:`pipelines.data.graph.Graph` (via ``make_graph``)."""
     from pipelines.data.graph import make_graph
 
-    p = load_prepared(root, verify)
-    coo = p.adj.tocoo()
-    num_classes = p.manifest.get("num_classes") or None
-    return make_graph(name or os.path.basename(os.path.abspath(root)), coo.row, coo.col, p.features, p.labels,
-                      p.train_mask, p.val_mask, p.test_mask, num_classes=num_classes)
+    edges, vertices, manifest, n = _columns(root, verify)
+    src, dst = _edge_list(edges)
+    del edges
+    features, labels, masks = _vertex_arrays(vertices, manifest, n)
+    num_classes = manifest.get("num_classes") or None
+    return make_graph(name or manifest.get("name") or os.path.basename(os.path.abspath(root)), src, dst, features,
+                      labels, *masks, num_classes=num_classes)

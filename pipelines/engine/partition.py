@@ -10,13 +10,39 @@ from ops.sparse import Adjacency
 from pipelines.config import ConfigError
 
 
+class PrecomputedAssignment(str):
+    """A partitioner that carries its assignment (e.g. the partitions a Beam prepare run stored), usable wherever a
+    partitioner name is: ``str(self)`` is its name ("prepared") for stats and config files, ``.parts`` the
+    int32 partition of every vertex."""
+
+    def __new__(cls, parts, name: str = "prepared"):
+        self = super().__new__(cls, name)
+        self.parts = np.asarray(parts, np.int32)
+        return self
+
+    def __reduce__(self):   # copy/pickle: rebuild from the vector, not from the name
+        return PrecomputedAssignment, (self.parts, str(self))
+
+
 def assign(adj: sp.csr_matrix, parts: int, method: str, seed: int = 0) -> np.ndarray:
-    """Partition id of every vertex: METIS (Karypis & Kumar 1998, via pymetis) or a seeded hash."""
+    """Partition id of every vertex: METIS (Karypis & Kumar 1998, via pymetis), a seeded hash, or a
+    :class:`PrecomputedAssignment` (checked: one id in [0, parts) per vertex, no empty partition)."""
     n = adj.shape[0]
     if parts < 1:
         raise ConfigError(f"partitions must be >= 1, got {parts}")
     if parts > n:
         raise ConfigError(f"partitions ({parts}) exceeds the graph's {n} vertices")
+    if isinstance(method, PrecomputedAssignment):
+        out = method.parts
+        if out.shape != (n,):
+            raise ConfigError(f"the {method} assignment has {out.size} entries for {n} vertices")
+        if n and (out.min() < 0 or out.max() >= parts):
+            raise ConfigError(f"the {method} assignment has ids in [{out.min()}, {out.max()}], "
+                              f"expected [0, {parts})")
+        empty = np.flatnonzero(np.bincount(out, minlength=parts) == 0)
+        if empty.size:
+            raise ConfigError(f"the {method} assignment leaves partition {int(empty[0])} empty")
+        return out.copy()
     if parts == 1:
         return np.zeros(n, np.int32)
     if method == "hash":

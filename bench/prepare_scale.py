@@ -1,0 +1,168 @@
+"""Scale benchmark of the Beam prepare pipeline: an R-MAT graph -> edge files -> `dorylus prepare` on the
+DirectRunner (multi-process mode) -> `dorylus train --prepared` for a few epochs. Prints one JSON line per step.
+
+    python bench/prepare_scale.py                                  # 16M undirected edges, 2^20 vertices
+    python bench/prepare_scale.py --edges 1000000 --scale 16 --train whole
+
+Steps (each one JSON line):
+  generate  the R-MAT graph (pipelines.data.synthetic.rmat: distinct undirected edges, no self-loops) written as
+            --files CSV files ``src,dst`` (header, shuffled order) + features.npy [N, F] + labels.npy [N]
+  prepare   `python -m pipelines.prepare ... --engine direct --workers W` in a subprocess: wall time, peak RSS
+            of the whole process tree (driver + SDK worker processes, sampled every 0.2 s), input edges/s
+  train     `python -m pipelines.cli train --prepared DIR ...` (engine: --partitions P --intervals I, or the
+            whole-graph trainer with --train whole): wall time, peak RSS, epochs, the summary's numbers
+Not part of the test run.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def emit(**row) -> None:
+    print(json.dumps(row), flush=True)
+
+
+def run_measured(cmd: list[str], log_path: Path, env=None) -> dict:
+    """Run cmd; wall seconds, peak RSS (bytes) of its process tree, exit code."""
+    import psutil
+
+    with open(log_path, "w") as log:
+        t0 = time.perf_counter()
+        proc = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env=env)
+        peak = 0
+        root = psutil.Process(proc.pid)
+        while proc.poll() is None:
+            total = 0
+            try:
+                procs = [root] + root.children(recursive=True)
+            except psutil.NoSuchProcess:
+                procs = []
+            for p in procs:
+                try:
+                    total += p.memory_info().rss
+                except psutil.NoSuchProcess:
+                    pass
+            peak = max(peak, total)
+            time.sleep(0.2)
+        wall = time.perf_counter() - t0
+    return {"wall_s": round(wall, 2), "peak_rss_gb": round(peak / 2**30, 3), "rc": proc.returncode}
+
+
+def generate(args, work: Path) -> dict:
+    from pipelines.data.synthetic import rmat
+
+    t0 = time.perf_counter()
+    g = rmat(args.scale, args.edges, seed=args.seed, feature_dim=args.feature_dim, num_classes=args.classes)
+    t_gen = time.perf_counter() - t0
+    coo = g.adj.tocoo()
+    upper = coo.row < coo.col
+    src, dst = coo.row[upper].astype(np.int64), coo.col[upper].astype(np.int64)
+    del coo
+    rng = np.random.default_rng(args.seed)
+    perm = rng.permutation(src.size)
+    flip = rng.random(src.size) < 0.5           # records name either direction
+    src, dst = np.where(flip, dst, src)[perm], np.where(flip, src, dst)[perm]
+    edges_dir = work / "edges"
+    edges_dir.mkdir(parents=True, exist_ok=True)
+    import pyarrow as pa
+    import pyarrow.csv as pacsv
+
+    bounds = np.linspace(0, src.size, args.files + 1).astype(np.int64)
+    for i in range(args.files):
+        lo, hi = bounds[i], bounds[i + 1]
+        with open(edges_dir / f"part-{i:03d}.csv", "wb") as f:
+            f.write(b"src,dst\n")
+            pacsv.write_csv(pa.table({"src": src[lo:hi], "dst": dst[lo:hi]}), f,
+                            write_options=pacsv.WriteOptions(include_header=False))
+    np.save(work / "features.npy", g.features)
+    np.save(work / "labels.npy", g.labels)
+    size = sum(f.stat().st_size for f in edges_dir.iterdir())
+    return {"step": "generate", "vertices": g.num_nodes, "undirected_edges": int(src.size),
+            "directed_edges": g.num_edges, "files": args.files, "edge_bytes": size,
+            "generate_s": round(t_gen, 2), "total_s": round(time.perf_counter() - t0, 2)}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--edges", type=int, default=16_000_000, help="distinct undirected edges (default 16M)")
+    ap.add_argument("--scale", type=int, default=20, help="2^scale vertices (default 20: edge factor ~16)")
+    ap.add_argument("--feature-dim", type=int, default=32)
+    ap.add_argument("--classes", type=int, default=8)
+    ap.add_argument("--files", type=int, default=8, help="edge files (CSV)")
+    ap.add_argument("--partitions", type=int, default=4)
+    ap.add_argument("--workers", type=int, default=2, help="DirectRunner worker processes")
+    ap.add_argument("--train", choices=("engine", "whole", "none"), default="engine")
+    ap.add_argument("--intervals", type=int, default=4)
+    ap.add_argument("--epochs", type=int, default=3)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--work", help="working directory (default: a temporary one, removed afterwards)")
+    args = ap.parse_args(argv)
+
+    tmp = None
+    if args.work:
+        work = Path(args.work)
+        work.mkdir(parents=True, exist_ok=True)
+    else:
+        tmp = tempfile.TemporaryDirectory(prefix="dorylus-prepare-scale-")
+        work = Path(tmp.name)
+    try:
+        gen = generate(args, work)
+        emit(**gen)
+        out = work / "prepared"
+        cmd = [sys.executable, "-m", "pipelines.prepare", "--edges", str(work / "edges" / "part-*.csv"),
+               "--features", str(work / "features.npy"), "--labels", str(work / "labels.npy"), "--split",
+               "--partitions", str(args.partitions), "--out", str(out), "--overwrite",
+               "--engine", "direct", "--workers", str(args.workers)]
+        m = run_measured(cmd, work / "prepare.log")
+        row = {"step": "prepare", "runner": f"DirectRunner multi_processing x{args.workers}", **m}
+        if m["rc"] == 0:
+            manifest = json.loads((out / "manifest.json").read_text())
+            c = manifest["counters"]
+            row.update(input_edges=c["input_records"], edges_per_s=round(c["input_records"] / m["wall_s"]),
+                       directed_edges=manifest["num_edges"], vertices=manifest["num_vertices"],
+                       duplicates=c["duplicate_edges"], partitions=manifest["num_partitions"],
+                       shard_bytes=sum(p["edges_bytes"] + p["vertices_bytes"] for p in manifest["partitions"]))
+            assert manifest["num_edges"] == gen["directed_edges"], (manifest["num_edges"], gen["directed_edges"])
+        else:
+            row["log_tail"] = (work / "prepare.log").read_text()[-2000:]
+        emit(**row)
+        if m["rc"] != 0 or args.train == "none":
+            return m["rc"]
+        run_dir = work / "run"
+        cmd = [sys.executable, "-m", "pipelines.cli", "train", "--prepared", str(out), "--epochs", str(args.epochs),
+               "--patience", "0", "--out", str(run_dir), "--overwrite", "--quiet"]
+        if args.train == "engine":
+            cmd += ["--partitions", str(args.partitions), "--intervals", str(args.intervals)]
+        env = dict(os.environ, JAX_PLATFORMS=os.environ.get("JAX_PLATFORMS", "cpu"))
+        t = run_measured(cmd, work / "train.log", env=env)
+        row = {"step": "train", "trainer": "engine" if args.train == "engine" else "whole-graph", **t}
+        if t["rc"] == 0:
+            s = json.loads((run_dir / "summary.json").read_text())
+            row.update(epochs=s["epochs"], epoch_s_median=round(s["epoch_s_median"], 2),
+                       final_loss=s["final_loss"], seconds=round(s["seconds"], 2))
+            if args.train == "engine":
+                row.update(partitions=s["partitions"], intervals=s["intervals"],
+                           partitioner=s["partition_stats"]["partitioner"])
+        else:
+            row["log_tail"] = (work / "train.log").read_text()[-2000:]
+        emit(**row)
+        return t["rc"]
+    finally:
+        if tmp is not None:
+            tmp.cleanup()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
