@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 
 import boto3
 import numpy as np
@@ -358,12 +357,15 @@ def test_engine_through_aws_backend_equals_local_pool(aws_env, monkeypatch):
     assert cost["usd"]["lambda_compute"] > 0 and remote.summary["value"] > 0
 
 
-def test_cli_errors_are_one_line(no_aws_credentials, tmp_path):
+def test_cli_errors_are_one_line(no_aws_credentials, tmp_path, capsys):
+    from pipelines.cli import main
+
     def run(*args):
-        return subprocess.run([sys.executable, "-m", "pipelines.cli", "train", "--dataset",
-                               "synthetic:planted?nodes=200&classes=3&features=8", "--partitions", "2",
-                               "--epochs", "1", "--quiet", "--out", str(tmp_path / "r"), "--overwrite", *args],
-                              capture_output=True, text=True, timeout=300)
+        capsys.readouterr()
+        code = main(["train", "--dataset", "synthetic:planted?nodes=200&classes=3&features=8", "--partitions", "2",
+                     "--epochs", "1", "--quiet", "--out", str(tmp_path / "r"), "--overwrite", *args])
+        out = capsys.readouterr()
+        return subprocess.CompletedProcess(args, code, out.out, out.err)
 
     r = run("--tensor-workers", "aws")
     assert r.returncode == 2 and r.stderr.strip().splitlines() == [
