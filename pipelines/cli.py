@@ -77,7 +77,8 @@ def _train_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--function", help="Lambda function name or ARN of the tensor workers (--tensor-workers aws)")
     g.add_argument("--bucket", help="S3 bucket for task payloads over the 6 MB Lambda invoke limit")
     g.add_argument("--region", help="AWS region (default: the AWS config/environment)")
-    g.add_argument("--s3-prefix", help="key prefix of the S3 payload objects (default dorylus)")
+    g.add_argument("--s3-prefix", help="key prefix of the S3 payload objects (default tensor-workers, the prefix the "
+                                         "Terraform deployment lets the function use)")
     g.add_argument("--lambda-memory-mb", type=int, help="the function's memory setting, for billed GB-seconds "
                                                         "of local-pool runs (default 3008)")
     g.add_argument("--lambda-concurrency", type=int, help="concurrent Lambda invocations (default: autotuned)")

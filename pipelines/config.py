@@ -64,7 +64,7 @@ class TrainConfig:
     function: str | None = None         # Lambda function name or ARN (tensor_workers = "aws")
     bucket: str | None = None           # S3 bucket for payloads over the 6 MB invoke limit
     region: str | None = None
-    s3_prefix: str = "dorylus"
+    s3_prefix: str = "tensor-workers"   # the prefix infra/terraform lets the function read and write
     lambda_memory_mb: int = 3008
     lambda_concurrency: int | None = None   # aws: concurrent invocations; unset: autotuned
     graph_instance: str = "c5n.2xlarge"

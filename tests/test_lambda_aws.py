@@ -144,10 +144,11 @@ def test_s3_offload_above_6mb(lam):
         def check(event):
             assert set(event["input"]) == {"s3"} and event["input"]["s3"]["bucket"] == BUCKET
             key = event["input"]["s3"]["key"]
-            assert key.startswith("dorylus/r1/in/AV-e0-s1-i0-p0-a0-")
+            assert key.startswith("tensor-workers/r1/in/AV-e0-s1-i0-p0-a0-")
             assert s3.head_object(Bucket=BUCKET, Key=key)["ContentLength"] > LH.INVOKE_LIMIT_BYTES
-            assert set(event["weights"]) == {"s3"} and event["weights"]["s3"]["key"] == "dorylus/r1/weights/v0.arrow"
-            assert event["output"]["s3"]["prefix"].startswith("dorylus/r1/out/AV-e0-s1-i0-p0-a0-")
+            assert set(event["weights"]) == {"s3"}
+            assert event["weights"]["s3"]["key"] == "tensor-workers/r1/weights/v0.arrow"
+            assert event["output"]["s3"]["prefix"].startswith("tensor-workers/r1/out/AV-e0-s1-i0-p0-a0-")
             assert len(json.dumps(event)) < 2000
 
         response = invoke_response({"ok": True})
@@ -165,7 +166,7 @@ def test_s3_offload_above_6mb(lam):
         # PUT input + PUT weights (client), PUT result (function); GET input + weights (function), GET result
         assert st["s3_puts"] == 3 and st["s3_gets"] == 3, st
         left = [o["Key"] for o in s3.list_objects_v2(Bucket=BUCKET).get("Contents", [])]
-        assert left == ["dorylus/r1/weights/v0.arrow"]  # task input and output are deleted after use
+        assert left == ["tensor-workers/r1/weights/v0.arrow"]  # task input and output are deleted after use
         pool.stop()
         assert s3.list_objects_v2(Bucket=BUCKET).get("KeyCount", 0) == 0
 

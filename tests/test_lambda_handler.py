@@ -46,7 +46,8 @@ def test_handler_equals_local_pool(model, order):
             resp = LH.handler(_event(msg, weights[msg.version], compression="zstd"), None)
             assert resp["ok"], resp
             assert resp["task"] == {"kind": kind, "epoch": msg.epoch, "stage": msg.stage, "interval": msg.interval,
-                                    "partition": msg.partition, "version": msg.version, "attempt": 0}
+                                    "partition": msg.partition, "version": msg.version,
+                                    "attempt": msg.meta.get("attempt", 0)}
             arrays, grads, scalars = LH.decode_result(resp)
             assert sorted(arrays) == sorted(ref.arrays)
             for k, v in ref.arrays.items():
@@ -84,11 +85,13 @@ def test_s3_input_weights_and_output(aws_env):
                               msg.meta)
         s3.put_object(Bucket="dorylus-b", Key="in/t.arrow", Body=task)
         s3.put_object(Bucket="dorylus-b", Key="w/v.arrow", Body=LH.encode_weights(msg.version, weights[msg.version]))
-        ev = LH.make_event({"s3": {"bucket": "dorylus-b", "key": "in/t.arrow"}}, {"s3": {"bucket": "dorylus-b", "key": "w/v.arrow"}},
+        ev = LH.make_event({"s3": {"bucket": "dorylus-b", "key": "in/t.arrow"}},
+                           {"s3": {"bucket": "dorylus-b", "key": "w/v.arrow"}},
                            {"inline_limit": 1000, "s3": {"bucket": "dorylus-b", "prefix": "out/t/"}})
         r1 = LH.handler(ev)
         assert r1["ok"], r1
-        assert r1["result"] == {"s3": {"bucket": "dorylus-b", "key": "out/t/result.arrow"}, "bytes": r1["result"]["bytes"]}
+        assert r1["result"] == {"s3": {"bucket": "dorylus-b", "key": "out/t/result.arrow"},
+                                "bytes": r1["result"]["bytes"]}
         assert not r1["stats"]["weights_cached"]
         arrays, _, _ = LH.decode_result(r1)
         np.testing.assert_allclose(arrays["h"], ref.arrays["h"], atol=1e-6)

@@ -77,7 +77,7 @@ class AwsLambdaPool(QueuedPool):
     billing = "lambda"
 
     def __init__(self, transport, model_spec: dict, *, function: str, bucket: str | None = None,
-                 region: str | None = None, prefix: str = "dorylus", concurrency: int | None = None,
+                 region: str | None = None, prefix: str = "tensor-workers", concurrency: int | None = None,
                  start_workers: int = 8, session=None, lambda_client=None, s3_client=None, max_retries: int = 4,
                  backoff_s: float = 0.2, backoff_cap_s: float = 5.0, compression: str | None = "zstd",
                  run_id: str | None = None, invoke_limit: int = INVOKE_LIMIT,
