@@ -115,6 +115,8 @@ class TrainConfig:
                                                         and self.tensor_workers >= 1),
              f"tensor_workers must be an integer >= 1, auto or aws, got {self.tensor_workers!r}")
         need(self.mode in ("serverless", "cpu-only"), f"mode must be serverless or cpu-only, got {self.mode!r}")
+        need(not (self.mode == "cpu-only" and self.tensor_workers == "aws"),
+             "mode cpu-only runs the tensor tasks on the graph servers; it does not take tensor_workers = aws")
         need(self.tensor_workers != "aws" or bool(self.function),
              "tensor_workers = aws needs a Lambda function (--function NAME)")
         need(self.lambda_memory_mb is not None and 128 <= self.lambda_memory_mb <= 10240,

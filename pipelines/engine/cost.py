@@ -171,10 +171,14 @@ class CostMeter:
         usd = price_usage(u, self.prices)
         moved = dict((transport_stats or {}).get("bytes", {}))
         st = self.pool.stats() if self.pool is not None else {}
+        if st.get("billing") == "server":  # cpu-only: tensor tasks stay inside their graph server
+            inproc = {k: moved.pop(k) for k in ("tensor", "tensor.out") if k in moved}
+            if inproc:
+                moved["in_process"] = inproc
         for k in ("bytes_sent", "bytes_received", "s3_bytes_put", "s3_bytes_get"):
             if k in st:
                 moved[f"lambda.{k}"] = st[k]
-        moved["total"] = sum(v for v in moved.values())
+        moved["total"] = sum(v for v in moved.values() if not isinstance(v, dict))
         out = {
             "mode": self.mode,
             "tensor_backend": st.get("backend", "local") if self.pool is not None else "none",
