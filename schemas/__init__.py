@@ -35,7 +35,7 @@ from .messages import (
     vertex_block,
     weights,
 )
-from . import files
+from . import events, files
 
 __all__ = [
     "COMPRESSIONS",
@@ -61,6 +61,7 @@ __all__ = [
     "edge_block",
     "encode",
     "encode_buffer",
+    "events",
     "files",
     "gradients",
     "peek_header",

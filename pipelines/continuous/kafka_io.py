@@ -1,0 +1,66 @@
+"""Small kafka-python helpers for the stream: clients sized for Arrow batches, topic creation."""
+from __future__ import annotations
+
+import time
+
+MAX_BYTES = 64 * 1024 * 1024  # the local broker's message.max.bytes
+
+
+def producer(bootstrap: str, **kw):
+    from kafka import KafkaProducer
+
+    opts = dict(bootstrap_servers=bootstrap, acks="all", linger_ms=5, max_request_size=MAX_BYTES,
+                retries=5, request_timeout_ms=30000)
+    opts.update(kw)
+    return KafkaProducer(**opts)
+
+
+def consumer(bootstrap: str, **kw):
+    from kafka import KafkaConsumer
+
+    opts = dict(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False,
+                auto_offset_reset="earliest", fetch_max_bytes=MAX_BYTES, max_partition_fetch_bytes=MAX_BYTES,
+                receive_buffer_bytes=4 * 1024 * 1024)
+    opts.update(kw)
+    return KafkaConsumer(**opts)
+
+
+def ensure_topics(bootstrap: str, topics: dict[str, int], timeout_s: float = 30.0) -> None:
+    """Create the topics (name -> partitions) that do not exist yet (replication factor 1)."""
+    from kafka.admin import KafkaAdminClient, NewTopic
+    from kafka.errors import TopicAlreadyExistsError
+
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=int(timeout_s * 1000))
+    try:
+        existing = set(admin.list_topics())
+        new = [NewTopic(name, num_partitions=n, replication_factor=1)
+               for name, n in topics.items() if name not in existing]
+        if new:
+            try:
+                admin.create_topics(new, timeout_ms=int(timeout_s * 1000))
+            except TopicAlreadyExistsError:
+                pass
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:  # wait until the metadata shows them
+            if set(topics) <= set(admin.list_topics()):
+                return
+            time.sleep(0.1)
+    finally:
+        admin.close()
+
+
+def topic_partitions(bootstrap: str, topic: str) -> list[int] | None:
+    """The partition ids of a topic, or None when it does not exist."""
+    from kafka.admin import KafkaAdminClient
+
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
+    try:
+        desc = admin.describe_topics([topic])
+    except Exception:  # noqa: BLE001 - an unknown topic surfaces differently across versions
+        return None
+    finally:
+        admin.close()
+    for d in desc:
+        if d.get("topic") == topic and not d.get("error_code") and d.get("partitions"):
+            return sorted(p["partition"] for p in d["partitions"])
+    return None
