@@ -205,6 +205,13 @@ def cmd_report(args) -> int:
                           "sections": {t: {lab: cells for lab, cells in rows} for t, rows in table}}, indent=1))
     else:
         print(render_text(runs, table))
+    if not args.no_plots:
+        from pipelines.report_plots import write_report  # matplotlib only when plots are drawn
+
+        for r in runs:
+            index = write_report(r, build_table([r]))
+            if not args.json:
+                print(f"report: {index}")
     return 0
 
 
@@ -213,4 +220,6 @@ def register(subparsers) -> None:
     p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run directories (several: side by side)")
     p.add_argument("--prices", help="re-price the recorded usage with this price table (TOML)")
     p.add_argument("--json", action="store_true", help="the table as JSON")
+    p.add_argument("--no-plots", action="store_true",
+                   help="print only; by default each RUN_DIR/report/ gets PNG plots and an index.html")
     p.set_defaults(func=cmd_report)

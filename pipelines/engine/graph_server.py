@@ -20,6 +20,7 @@ from ops import models
 from ops.optim import dropout_seeds
 from ops.tasks import BLOCK_ARRAYS, backward_fn, forward_fn, gather_transpose_fn
 from pipelines.engine import messages as M
+from pipelines.engine.spans import clock
 from pipelines.engine.messages import EngineError, Message, check_routing
 
 
@@ -100,6 +101,10 @@ class GraphServer:
         self.max_staleness = 0
         self.error: BaseException | None = None
         self._stop = threading.Event()
+        self.spans = None  # a SpanLog, set by the driver to record the timeline
+        self.lane = f"graph-server-{self.p}"
+        self._waiting: list = [None] * self.K  # interval -> [wait start, gate] while its next step is not ready
+        self._gate = None
         self.consumer = transport.consumer(
             [(M.TENSOR_RESULTS, self.p), (M.GHOSTS, self.p), (M.GHOST_GRADS, self.p), (M.WATERMARKS, self.p),
              (M.CONTROL, self.p)], group=f"graph-server-{self.p}")
@@ -150,6 +155,26 @@ class GraphServer:
     def _needs_grad(self, ps: int) -> bool:
         return ps != -1
 
+    def _span(self, kind: str, e: int, i: int, t0: float, t1: float | None = None, detail=None, lane=None) -> None:
+        if self.spans is not None:
+            self.spans.add(lane or self.lane, kind, e, i, t0, clock() if t1 is None else t1, detail)
+
+    def _wait(self, i: int, gate: str | None) -> bool:
+        """Interval i's next step is not ready: its wait starts now (or goes on, behind this gate)."""
+        if self.spans is not None:
+            w = self._waiting[i]
+            if w is None:
+                self._waiting[i] = [clock(), gate]
+            else:
+                w[1] = gate
+        return False
+
+    def _end_wait(self, i: int, e: int, step: str) -> None:
+        w = self._waiting[i]
+        if w is not None:
+            self._waiting[i] = None
+            self._span("WAIT", e, i, w[0], detail={"gate": w[1], "step": step})
+
     def _col_input(self, i: int, e: int, ps: int, name: str) -> np.ndarray | None:
         """The column values interval i reads in epoch e, or None while the watermark is behind."""
         iv = self.plan.intervals[i]
@@ -158,12 +183,15 @@ class GraphServer:
                 self._static_cols[i] = jnp.asarray(self.x_cols[iv.cols])
             return self._static_cols[i]
         if len(self.fwd_done[ps][e]) < self.K:
+            self._gate = "local"
             return None
         e_ghost = max(e - self.S, self.start_epoch)
         wm = self.ghost_wm[(ps, name)]
         if wm and min(wm.values()) < e_ghost:
+            self._gate = "ghosts"
             return None
         if self.sync_barrier and len(self.global_wm[("F", ps, e)]) < self.P - 1:
+            self._gate = "barrier"
             return None
         own = self.fwd[(ps, name)][e]
         if not wm or e_ghost == e:
@@ -222,7 +250,7 @@ class GraphServer:
 
     def _scatter(self, s: int, e: int) -> None:
         """SC: once every local interval produced stage s for epoch e, send each partition the rows it ghosts."""
-        t0 = time.perf_counter()
+        t0 = clock()
         for (ps, name) in self.col_reads:
             if ps != s:
                 continue
@@ -234,7 +262,9 @@ class GraphServer:
         for q in range(self.P):
             if q != self.p:
                 self.t.send(M.WATERMARKS, q, Message("WM", e, s, -1, self.p, -1, meta={"dir": "F"}))
-        self.busy_s["SC"] += time.perf_counter() - t0
+        t1 = clock()
+        self.busy_s["SC"] += t1 - t0
+        self._span("SC", e, -1, t0, t1)
 
     def _on_ghosts(self, msg: Message) -> None:
         name = msg.meta["name"]
@@ -261,6 +291,7 @@ class GraphServer:
             elif (s, name) in ist.grads:
                 grads[name] = ist.grads[(s, name)]
             elif self.row_consumers.get((s, name)):
+                self._gate = "local"
                 return None  # its consumer's backward has not run yet
         return grads
 
@@ -270,17 +301,21 @@ class GraphServer:
             return tot
         local = self.bwd_sum[(ps, name)].get(e)
         if local is None:
+            self._gate = "local"
             return None
         e_ghost = max(e - self.S, self.start_epoch)
         wm = self.bwd_wm[(ps, name)]
         if wm and min(wm.values()) < e_ghost:
+            self._gate = "ghost_grads"
             return None
         if self.sync_barrier and len(self.global_wm[("B", ps, e)]) < self.P - 1:
+            self._gate = "barrier"
             return None
         tot = np.array(local[: self.n_own])
         for q in sorted(self.plan.send):
             rows = self.bwd_remote[(ps, name)][e_ghost].get(q)
             if rows is None:
+                self._gate = "ghost_grads"
                 return None
             np.add.at(tot, self.plan.send[q], rows)
         self.bwd_total[(ps, name)][e] = tot
@@ -291,7 +326,7 @@ class GraphServer:
         self.bwd_local[(ps, name)][e][i] = np.asarray(g)
         if len(self.bwd_local[(ps, name)][e]) < self.K:
             return
-        t0 = time.perf_counter()
+        t0 = clock()
         parts = self.bwd_local[(ps, name)].pop(e)
         total = np.zeros((self.x_cols.shape[0], *parts[0].shape[1:]), np.float32)
         for k in range(self.K):  # fixed order: results do not depend on timing
@@ -305,7 +340,9 @@ class GraphServer:
         for q in range(self.P):
             if q != self.p:
                 self.t.send(M.WATERMARKS, q, Message("WM", e, ps, -1, self.p, -1, meta={"dir": "B"}))
-        self.busy_s["SC_BWD"] += time.perf_counter() - t0
+        t1 = clock()
+        self.busy_s["SC_BWD"] += t1 - t0
+        self._span("SC_BWD", e, -1, t0, t1)
 
     def _check_ids(self, msg: Message, expected: dict) -> None:
         ids = msg.arrays.get("vertex")
@@ -369,6 +406,8 @@ class GraphServer:
             self.duplicates += 1
             return
         dt = time.monotonic() - entry[1]
+        self._span(msg.kind, msg.epoch, msg.interval, entry[1], entry[1] + dt, lane="tensor-workers",
+                   detail={"partition": self.p, "attempt": entry[2], "busy": msg.meta.get("busy_s")})
         if entry[2] == 0:
             self.ema[msg.kind] = dt if msg.kind not in self.ema else 0.8 * self.ema[msg.kind] + 0.2 * dt
         i, e, s = msg.interval, msg.epoch, msg.stage
@@ -412,19 +451,23 @@ class GraphServer:
         if any(key[3] == i for key in self.inflight):
             return False
         if ist.step == 0 and self.latest_version < self.version_for(e):
-            return False
+            return self._wait(i, "weights")
         if kind == "F" or kind == "LAST" or kind == "LOSS":
+            self._gate = None
             inputs = self._inputs(i, e, s)
             if inputs is None:
-                return False
+                return self._wait(i, self._gate)
+            self._end_wait(i, e, f"{kind}{s}")
             # Keep what the stage's VJP reads: an unweighted GA's backward needs no inputs (∇GA is Âᵀ·g).
             ist.saved[s] = {} if (st.kind == "GA" and not st.weighted) else inputs
             seed = self.seed_for(e, s)
             if kind == "F" and st.kind == "GA":
-                t0 = time.perf_counter()
+                t0 = clock()
                 out = forward_fn(st)({}, inputs, self.blocks_dev[i], jnp.uint32(seed))
                 out = {k: np.asarray(v) for k, v in out.items()}
-                self.busy_s["GA"] += time.perf_counter() - t0
+                t1 = clock()
+                self.busy_s["GA"] += t1 - t0
+                self._span("GA", e, i, t0, t1)
                 ist.step += 1
                 self._on_outputs(i, e, s, out)
                 return True
@@ -439,9 +482,11 @@ class GraphServer:
             self._dispatch(kind if kind != "F" else st.kind, i, e, s, arrays, meta)
             return True
         # backward
+        self._gate = None
         out_grads = self._out_grads(i, e, s)
         if out_grads is None:
-            return False
+            return self._wait(i, self._gate)
+        self._end_wait(i, e, f"B{s}")
         wrt = tuple(n for n in models.reads(st) if self._needs_grad(self.producers[s][n]))
         if not wrt and not st.has_params:
             ist.step += 1
@@ -449,14 +494,16 @@ class GraphServer:
         inputs = ist.saved[s]
         seed = self.seed_for(e, s)
         if st.kind == "GA":
-            t0 = time.perf_counter()
+            t0 = clock()
             if st.weighted:
                 _, gin = backward_fn(st, wrt)({}, inputs, self.blocks_dev[i], jnp.uint32(seed),
                                               {k: jnp.asarray(v) for k, v in out_grads.items()})
             else:
                 gin = {"h": gather_transpose_fn()(self.blocks_dev[i], jnp.asarray(out_grads["h"]))}
             gin = {k: np.asarray(v) for k, v in gin.items()}
-            self.busy_s["GA_BWD"] += time.perf_counter() - t0
+            t1 = clock()
+            self.busy_s["GA_BWD"] += t1 - t0
+            self._span("GA_BWD", e, i, t0, t1)
             ist.step += 1
             self._deposit_input_grads(i, e, s, gin)
             return True

@@ -109,6 +109,7 @@ class ParameterServer:
         self._stop = threading.Event()
         self._consumer = transport.consumer([(M.GRADS, 0), (M.CONTROL, 0)], group="param-server")
         self._lock = threading.Lock()
+        self.spans = None  # a SpanLog, set by the driver to record the timeline
 
     def weights(self, version: int) -> dict:
         with self._lock:
@@ -155,13 +156,16 @@ class ParameterServer:
     def _maybe_apply(self) -> None:
         while self._complete(self.state.version):
             e = self.state.version
-            t0 = time.perf_counter()
+            t0 = time.monotonic()
             # Versions still needed: those of epochs that may still be running backward passes (stashing).
             keep_from = max(0, e + 1 - self.S)
             with self._lock:
                 self.state = apply_epoch(self.state, self.tx, e, self.expected, self.param_stages, self.mode,
                                          keep_from)
-            self.busy_s += time.perf_counter() - t0
+            t1 = time.monotonic()
+            self.busy_s += t1 - t0
+            if self.spans is not None:
+                self.spans.add("param-server", "WU", e, -1, t0, t1)
             self.updates += 1 if self.mode == "sync" else len(self.expected)
             self.publish(e + 1)
 

@@ -188,6 +188,12 @@ def train_engine(cfg: TrainConfig, graph: Graph, out: Path | None = None, show_p
     next_epoch = 0
     stop_at = cfg.epochs - 1
     bar = progress(cfg.epochs, show_progress, f"{graph.name} {cfg.model} P={cfg.partitions}x{cfg.intervals}")
+    from pipelines.engine.spans import SpanLog
+
+    spans = SpanLog()  # the timeline `dorylus report` draws: one clock origin for every role
+    engine.ps.spans = spans
+    for s in engine.servers:
+        s.spans = spans
     _start(engine)
     last_progress = time.monotonic()
     try:
@@ -222,6 +228,8 @@ def train_engine(cfg: TrainConfig, graph: Graph, out: Path | None = None, show_p
                        "epoch_s": now - t_epoch,
                        "max_staleness_observed": max(m.meta["max_staleness"] for m in parts),
                        "relaunches": sum(m.meta["relaunches"] for m in parts)}
+                eps = [e for m in last_part_stats.values() for e in m.get("interval_epochs", [])]
+                row["interval_epoch_spread"] = max(eps) - min(eps) if eps else 0
                 t_epoch = now
                 row.update(meter.epoch(row["epoch_s"]))
                 history.append(row)
@@ -302,9 +310,12 @@ def train_engine(cfg: TrainConfig, graph: Graph, out: Path | None = None, show_p
     summary["cost"] = meter.summary(seconds, len(history), summary["transport"], busy)
     summary.update(time_s=seconds, cost_usd=summary["cost"]["cost_usd"],
                    cost_per_epoch_usd=summary["cost"]["cost_per_epoch_usd"], value=summary["cost"]["value"])
+    summary["timeline"] = spans.stats()
     if out is not None:
         from pipelines.train import _tree_to_npz
 
+        summary["timeline"]["file"] = "timeline.jsonl"
+        spans.write(out / "timeline.jsonl")
         rundir.atomic_write_npz(out / "weights.npz", _tree_to_npz(best_params))
         rundir.atomic_write_json(out / "summary.json", summary)
     return TrainResult(final, best_params, history, summary, engine.ps.state.opt_state)
