@@ -573,6 +573,7 @@ class GraphServer:
                         while self._try_step(i):
                             progressed = True
                 self._check_stragglers()
+            self.t.flush()  # DONE means every message this server sent has been delivered
             self.t.send(M.METRICS, 0, Message("DONE", min(self.epoch) - 1, -1, -1, self.p, -1, meta={
                 "busy_s": dict(self.busy_s), "relaunches": self.relaunches, "duplicates": self.duplicates,
                 "max_staleness": self.max_staleness}))
