@@ -133,13 +133,16 @@ module "compute" {
   kafka_secret_arns          = var.kafka_auth == "scram" ? var.msk_scram_secret_arns : []
   user_data_template         = "${path.module}/templates/server.sh.tftpl"
   graph_server_command       = var.graph_server_command
+  tensor_worker_command      = var.tensor_worker_command
   param_server_command       = var.param_server_command
+  driver_command             = var.driver_command
 
   # Environment of every server process (/etc/dorylus/env); the command lines may refer to these.
   environment = {
     AWS_REGION                 = var.region
     AWS_DEFAULT_REGION         = var.region
     DORYLUS_BOOTSTRAP          = module.kafka.bootstrap_brokers
+    DORYLUS_RUN_ID             = var.run_id
     DORYLUS_KAFKA_AUTH         = var.kafka_auth
     DORYLUS_KAFKA_SECRET_ARN   = var.kafka_auth == "scram" ? try(var.msk_scram_secret_arns[0], "") : ""
     DORYLUS_TOPIC_PREFIX       = var.kafka_topic_prefix

@@ -347,12 +347,12 @@ variable "param_server_instance_type" {
 
 variable "param_server_count" {
   type        = number
-  description = "Number of parameter servers (weight shards), one Auto Scaling group of size 1 each."
+  description = "Number of parameter servers, one Auto Scaling group of size 1 each. Must be 1: the engine has one parameter server per run (weights are not sharded), and a second one would publish competing weight versions on the same topics."
   default     = 1
 
   validation {
-    condition     = var.param_server_count >= 1 && var.param_server_count <= 16 && floor(var.param_server_count) == var.param_server_count
-    error_message = "The parameter server count must be a whole number between 1 and 16."
+    condition     = var.param_server_count == 1
+    error_message = "The parameter server count must be 1 (the engine does not shard weights)."
   }
 }
 
@@ -389,10 +389,16 @@ variable "ami_ssm_parameter" {
   }
 }
 
+# The command lines: `dorylus deploy render --config CONFIG` renders them (and the values below that the config
+# decides) from the engine's own launcher (pipelines.launch.role_commands), so that a deployed cluster runs exactly
+# what `dorylus train --transport kafka --spawn-local` runs on one machine. The defaults are its rendering; every one
+# reads /etc/dorylus/config.toml and expands $PARTITION, $NUM_PARTITIONS, $DORYLUS_BOOTSTRAP and $DORYLUS_RUN_ID at
+# run time from /etc/dorylus/env.
+
 variable "graph_server_command" {
   type        = string
-  description = "Command line the graph-server user data runs inside the project's image. Shell variables from /etc/dorylus/env ($PARTITION, $NUM_PARTITIONS, $DORYLUS_BOOTSTRAP, ...) are expanded at run time. `dorylus deploy render` generates it from the engine's config."
-  default     = "dorylus graph-server --partition \"$PARTITION\" --bootstrap \"$DORYLUS_BOOTSTRAP\" --config /etc/dorylus/config.toml"
+  description = "Command line of the graph server on each graph-server instance (its own container and systemd unit). Shell variables from /etc/dorylus/env ($PARTITION, $NUM_PARTITIONS, $DORYLUS_BOOTSTRAP, $DORYLUS_RUN_ID, ...) are expanded at run time. `dorylus deploy render` generates it from the engine's config."
+  default     = "dorylus graph-server --partition \"$PARTITION\" --config /etc/dorylus/config.toml --bootstrap \"$DORYLUS_BOOTSTRAP\" --run-id \"$DORYLUS_RUN_ID\" --out \"/var/lib/dorylus/runs/$DORYLUS_RUN_ID\""
 
   validation {
     condition     = startswith(trimspace(var.graph_server_command), "dorylus ") && !strcontains(var.graph_server_command, "\n")
@@ -400,14 +406,47 @@ variable "graph_server_command" {
   }
 }
 
+variable "tensor_worker_command" {
+  type        = string
+  description = "Command line of the tensor-worker process that runs beside the graph server on each graph-server instance (its own container and systemd unit): it takes that server's tensor tasks from Kafka and runs them on the Lambda function (or a local pool, as the config says). Empty runs none. `dorylus deploy render` generates it."
+  default     = "dorylus tensor-worker --worker-id \"$PARTITION\" --config /etc/dorylus/config.toml --bootstrap \"$DORYLUS_BOOTSTRAP\" --run-id \"$DORYLUS_RUN_ID\" --out \"/var/lib/dorylus/runs/$DORYLUS_RUN_ID\""
+
+  validation {
+    condition     = var.tensor_worker_command == "" || (startswith(trimspace(var.tensor_worker_command), "dorylus ") && !strcontains(var.tensor_worker_command, "\n"))
+    error_message = "The tensor worker command must be empty or one line that starts with \"dorylus \"."
+  }
+}
+
 variable "param_server_command" {
   type        = string
-  description = "Command line the parameter-server user data runs inside the project's image ($SHARD, $NUM_SHARDS, $DORYLUS_BOOTSTRAP, ... expand at run time). `dorylus deploy render` generates it from the engine's config."
-  default     = "dorylus param-server --shard \"$SHARD\" --bootstrap \"$DORYLUS_BOOTSTRAP\" --config /etc/dorylus/config.toml"
+  description = "Command line of the parameter server on the parameter-server instance ($DORYLUS_BOOTSTRAP, $DORYLUS_RUN_ID, ... expand at run time). `dorylus deploy render` generates it from the engine's config."
+  default     = "dorylus param-server --config /etc/dorylus/config.toml --bootstrap \"$DORYLUS_BOOTSTRAP\" --run-id \"$DORYLUS_RUN_ID\" --out \"/var/lib/dorylus/runs/$DORYLUS_RUN_ID\""
 
   validation {
     condition     = startswith(trimspace(var.param_server_command), "dorylus ") && !strcontains(var.param_server_command, "\n")
     error_message = "The parameter server command must be one line that starts with \"dorylus \"."
+  }
+}
+
+variable "driver_command" {
+  type        = string
+  description = "Command line of the run's driver, beside the parameter server on its instance (its own container and systemd unit): `dorylus train --transport kafka` without --spawn-local, which evaluates every epoch, writes the run directory (uploaded to runs_prefix) and stops the roles at the end. Empty runs none (run the driver elsewhere in the VPC). `dorylus deploy render` generates it."
+  default     = "dorylus train --config /etc/dorylus/config.toml --transport kafka --bootstrap \"$DORYLUS_BOOTSTRAP\" --run-id \"$DORYLUS_RUN_ID\" --worker-processes \"$NUM_PARTITIONS\" --out \"/var/lib/dorylus/runs/$DORYLUS_RUN_ID\" --overwrite --quiet"
+
+  validation {
+    condition     = var.driver_command == "" || (startswith(trimspace(var.driver_command), "dorylus ") && !strcontains(var.driver_command, "\n"))
+    error_message = "The driver command must be empty or one line that starts with \"dorylus \"."
+  }
+}
+
+variable "run_id" {
+  type        = string
+  description = "Run id handed to every server as DORYLUS_RUN_ID: it names the run's Kafka topics (<kafka_topic_prefix><run_id>.<kind>) and its directory under runs_prefix. `dorylus deploy render` derives one from the config; a new run (same config or not) needs a new id."
+  default     = "dorylus"
+
+  validation {
+    condition     = can(regex("^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$", var.run_id))
+    error_message = "The run id must be 1-64 letters, digits, '-' and '_', starting with a letter or digit."
   }
 }
 

@@ -146,6 +146,50 @@ run "reddit" {
     condition     = strcontains(module.compute.user_data["graph_server-0"], "DORYLUS_STALENESS=0") && strcontains(module.compute.user_data["graph_server-0"], "DORYLUS_DATASET_URI=s3://")
     error_message = "The servers' environment must carry the staleness and the dataset location."
   }
+
+  assert {
+    condition     = strcontains(module.compute.user_data["graph_server-0"], "\nDORYLUS_RUN_ID=dorylus\n") && strcontains(module.compute.user_data["param_server-0"], "\nNUM_PARTITIONS=2\n")
+    error_message = "The servers' environment must carry the run id and the partition count the command lines expand."
+  }
+
+  assert {
+    condition     = strcontains(module.compute.user_data["graph_server-1"], "exec dorylus tensor-worker --worker-id \"$PARTITION\"") && strcontains(module.compute.user_data["graph_server-1"], "systemctl enable --now dorylus-sidecar@tensor-worker.service")
+    error_message = "Every graph server must run a tensor worker beside it, in its own unit."
+  }
+
+  assert {
+    condition     = strcontains(module.compute.user_data["param_server-0"], "exec dorylus train --config /etc/dorylus/config.toml --transport kafka") && strcontains(module.compute.user_data["param_server-0"], "systemctl enable --now dorylus-sidecar@driver.service") && !strcontains(module.compute.user_data["param_server-0"], "sidecar@tensor-worker")
+    error_message = "The parameter server must run the driver beside it (and no tensor worker)."
+  }
+
+  assert {
+    condition     = can(regex("aws s3 sync --region us-east-1 --only-show-errors s3://[^ /]+/datasets/reddit/ /var/lib/dorylus/datasets/", module.compute.user_data["graph_server-0"]))
+    error_message = "A graph server must fetch the dataset before it starts."
+  }
+}
+
+run "no_sidecars" {
+  command = apply
+
+  variables {
+    tensor_worker_command = ""
+    driver_command        = ""
+  }
+
+  assert {
+    condition     = !strcontains(module.compute.user_data["graph_server-0"], "systemctl enable --now dorylus-sidecar@") && !strcontains(module.compute.user_data["param_server-0"], "systemctl enable --now dorylus-sidecar@")
+    error_message = "Empty side-process commands must start no side process."
+  }
+}
+
+run "one_param_server" {
+  command = plan
+
+  variables {
+    param_server_count = 2
+  }
+
+  expect_failures = [var.param_server_count]
 }
 
 run "rendered_command" {

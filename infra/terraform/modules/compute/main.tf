@@ -7,7 +7,9 @@
 # instance it launches (start an instance refresh, or terminate the instance, to apply it at once).
 #
 # Every server runs the project image (the same image as the tensor-worker Lambda) under Docker with the host network,
-# as a systemd unit: `docker run ... IMAGE /bin/sh /etc/dorylus/run.sh`, where run.sh holds the command line.
+# as a systemd unit: `docker run ... IMAGE /bin/sh /etc/dorylus/run.sh`, where run.sh holds the command line. Side
+# processes (the tensor worker beside each graph server, the driver beside the parameter server) run the same way in
+# their own containers and units (dorylus-sidecar@<name>), each restarted on its own.
 
 data "aws_caller_identity" "current" {}
 
@@ -47,6 +49,12 @@ locals {
     }
   }
 
+  # Side processes of each role, by name (their own container and unit, dorylus-sidecar@<name>).
+  sidecars = {
+    graph_server = var.tensor_worker_command == "" ? {} : { "tensor-worker" = var.tensor_worker_command }
+    param_server = var.driver_command == "" ? {} : { driver = var.driver_command }
+  }
+
   # One entry per instance: graph_server-0, graph_server-1, ..., param_server-0, ...
   instances = merge([
     for role, r in local.roles : {
@@ -66,6 +74,9 @@ locals {
       log_group   = aws_cloudwatch_log_group.servers.name
       log_stream  = "${replace(inst.role, "_", "-")}-${inst.index}"
       command     = inst.command
+      sidecars    = local.sidecars[inst.role]
+      dataset_uri = "s3://${var.dataset_bucket}/${var.dataset_prefix}"
+      runs_uri    = "s3://${var.bucket_name}/${var.runs_prefix}"
       environment = merge(var.environment, { (inst.index_var) = tostring(inst.index), DORYLUS_ROLE = replace(inst.role, "_", "-") })
     })
   }

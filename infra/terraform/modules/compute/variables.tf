@@ -128,9 +128,21 @@ variable "graph_server_command" {
   description = "Command line a graph server runs ($PARTITION etc. expand at run time from /etc/dorylus/env)."
 }
 
+variable "tensor_worker_command" {
+  type        = string
+  description = "Command line of the tensor-worker process beside each graph server, in its own container and unit; empty for none."
+  default     = ""
+}
+
 variable "param_server_command" {
   type        = string
-  description = "Command line a parameter server runs ($SHARD etc. expand at run time from /etc/dorylus/env)."
+  description = "Command line a parameter server runs ($DORYLUS_RUN_ID etc. expand at run time from /etc/dorylus/env)."
+}
+
+variable "driver_command" {
+  type        = string
+  description = "Command line of the run's driver beside the parameter server, in its own container and unit; empty for none."
+  default     = ""
 }
 
 variable "environment" {
