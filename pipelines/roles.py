@@ -188,20 +188,37 @@ def _wait_stop(consumers, should_stop=None, poll_s: float = 0.1) -> None:
             should_stop()
 
 
+def say(role: str, what: str) -> None:
+    """A progress line in the role's log."""
+    print(f"{time.strftime('%H:%M:%S')} {role}: {what}", file=sys.stderr, flush=True)
+
+
 def _run_role(args, role: str, partition: int, body) -> int:
     t = None
     try:
         cfg, graph, t = _setup(args, role)
+        say(role, f"connected to {args.bootstrap or cfg.bootstrap}, topics dorylus.{args.run_id}.*")
         stats = body(cfg, graph, t)
+        say(role, "stopping: reading my channels to their end")
         t.drain(timeout_s=120)
         _final(t, role, partition, stats)
+        say(role, "final report sent")
         t.close()
-        return 0
+        say(role, "closed")
+        return _exit(0)
     except KeyboardInterrupt:
         return 130
     except BaseException as e:
         _failed(t, role, partition, e)
-        return 1
+        return _exit(1)
+
+
+def _exit(code: int) -> int:
+    """Leave now: everything is flushed and closed, and the interpreter's teardown (JAX's runtime) can take
+    seconds the driver would wait for."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 # ------------------------------------------------------------------------------------------------ roles
@@ -237,6 +254,7 @@ def cmd_graph_server(args) -> int:
             th.join()
         if gs.error is not None:
             raise gs.error
+        say(role, f"done with epoch {min(gs.epoch) - 1}; waiting for STOP")
         _wait_stop([gs.consumer, gs.wconsumer])
         return {"busy_s": dict(gs.busy_s), "relaunches": gs.relaunches, "duplicates": gs.duplicates,
                 "max_staleness": gs.max_staleness, "epochs": list(gs.epoch)}

@@ -142,7 +142,10 @@ class KafkaTransport(Transport):
         self._acked_bytes = collections.Counter()  # kind -> value bytes acknowledged
         self._payload_bytes = collections.Counter()  # kind -> array bytes (before encoding) acknowledged
         self._failed = collections.Counter()     # (kind, p) -> deliveries that failed for good
-        self._consumed = collections.Counter()   # (kind, p, group) -> messages handed to the engine
+        self._consumed = collections.Counter()   # (kind, p, group) -> distinct messages handed to the engine
+        self._redelivered = collections.Counter()  # (kind, p, group) -> messages handed over again (rebalance)
+        self._high: dict = {}                    # (topic, p, group) -> offset after the highest delivered
+        self._dl_reader = None
         self._dead = collections.Counter()       # (kind, p) -> values sent to the dead-letter topic
         self._dead_reasons: list[str] = []
         self._consumers: list = []
@@ -280,17 +283,27 @@ class KafkaTransport(Transport):
     def _decode_records(self, records, group: str | None) -> list[Message]:
         """Decode polled records; undecodable ones go to the dead-letter topic."""
         out = []
+        g = group or "-"
         for rec in records:
             kind = self._kind_of(rec.topic)
+            key = (rec.topic, rec.partition, g)
+            with self._lock:
+                again = rec.offset < self._high.get(key, 0)
+                self._high[key] = max(self._high.get(key, 0), rec.offset + 1)
+            if again:  # offsets reset to the last commit (a rebalance): the engine discards the duplicates
+                with self._lock:
+                    self._redelivered[(kind, rec.partition, g)] += 1
             try:
                 if rec.value is None:
                     raise codec.SchemaError("empty value (a tombstone)")
                 msg = codec.decode(rec.value, self.run_id)
             except Exception as e:  # anything a foreign or corrupt value can raise
-                self._dead_letter(rec, kind, group, f"{type(e).__name__}: {e}")
+                if not again:
+                    self._dead_letter(rec, kind, group, f"{type(e).__name__}: {e}")
                 continue
-            with self._lock:
-                self._consumed[(kind, rec.partition, group or "-")] += 1
+            if not again:
+                with self._lock:
+                    self._consumed[(kind, rec.partition, g)] += 1
             out.append(msg)
         return out
 
@@ -330,31 +343,40 @@ class KafkaTransport(Transport):
             c._close_now()
         for g in list(self._shared.values()):
             g.close()
+        if self._dl_reader is not None:
+            self._dl_reader.close()
         try:
             self._producer.flush(timeout=60)
         finally:
             self._producer.close(timeout=10)
 
-    def dead_letter_count(self) -> int:
-        """Messages in this run's dead-letter topic, written by any process."""
+    def dead_letter_count(self, timeout_s: float = 5.0) -> int | None:
+        """Messages in this run's dead-letter topic, written by any process (None if the broker does not
+        answer within `timeout_s`)."""
         kafka = _import_kafka()
-        c = kafka.KafkaConsumer(bootstrap_servers=self.bootstrap, client_id=f"{self.client_id}-dl",
-                                bootstrap_timeout_ms=int(self.connect_timeout_s * 1000))
         try:
+            if self._dl_reader is None:
+                self._dl_reader = kafka.KafkaConsumer(bootstrap_servers=self.bootstrap,
+                                                      client_id=f"{self.client_id}-dl",
+                                                      bootstrap_timeout_ms=int(self.connect_timeout_s * 1000))
             tp = kafka.TopicPartition(self.topic(DEAD_LETTER), 0)
-            return int(c.end_offsets([tp])[tp])
-        finally:
-            c.close()
+            return int(self._dl_reader.end_offsets([tp], timeout_ms=int(timeout_s * 1000))[tp])
+        except kafka.errors.KafkaError:
+            return None
 
     def stats(self) -> dict:
         """Per kind: messages and value bytes the broker acknowledged; per channel (``kind/partition``): messages
-        produced (acknowledged) and consumed by each group; dead letters and failed deliveries."""
+        produced (acknowledged) and consumed by each group (distinct offsets; ``redelivered`` counts those handed
+        over again after a rebalance); dead letters and failed deliveries."""
         with self._lock:
             channels: dict[str, dict] = {}
             for (kind, p), n in self._acked.items():
                 channels.setdefault(f"{kind}/{p}", {"produced": 0, "consumed": {}})["produced"] = n
             for (kind, p, g), n in self._consumed.items():
                 channels.setdefault(f"{kind}/{p}", {"produced": 0, "consumed": {}})["consumed"][g] = n
+            for (kind, p, g), n in self._redelivered.items():
+                channels.setdefault(f"{kind}/{p}", {"produced": 0, "consumed": {}}).setdefault(
+                    "redelivered", {})[g] = n
             messages, byts = collections.Counter(), collections.Counter()
             for (kind, p), n in self._acked.items():
                 messages[kind] += n
@@ -398,6 +420,8 @@ def merge_stats(parts: list[dict]) -> dict:
             c["produced"] += v.get("produced", 0)
             for g, n in v.get("consumed", {}).items():
                 c["consumed"][g] = c["consumed"].get(g, 0) + n
+            for g, n in v.get("redelivered", {}).items():
+                c.setdefault("redelivered", {})[g] = c.get("redelivered", {}).get(g, 0) + n
     for key in ("messages", "bytes", "payload_bytes", "dead_letters", "failed_deliveries"):
         out[key] = dict(out[key])
     out["dead_letter_total"] = sum(out["dead_letters"].values())
@@ -475,10 +499,9 @@ class _AssignedConsumer(Consumer):
     def _drain(self, deadline: float) -> None:
         if self._gone:
             return
-        with self._lock:
-            end = self.kc.end_offsets(self.tps)
         while time.monotonic() < deadline:
-            with self._lock:
+            with self._lock:  # the end moves if a last message lands meanwhile: look again each round
+                end = self.kc.end_offsets(self.tps)
                 behind = [tp for tp in self.tps if self.kc.position(tp) < end[tp]]
             if not behind:
                 break

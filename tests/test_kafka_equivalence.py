@@ -1,0 +1,130 @@
+"""Kafka with one process per role gives what the in-memory engine gives; any Arrow reader can read its topics."""
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import uuid
+
+import numpy as np
+import pytest
+
+pytest.importorskip("kafka")
+
+from pipelines.config import build_config, load_toml  # noqa: E402
+from pipelines.data.registry import load_dataset  # noqa: E402
+from pipelines.engine.runner import train_engine  # noqa: E402
+from pipelines.train import _tree_to_npz  # noqa: E402
+from tests.kafka_fixtures import kafka_bootstrap  # noqa: E402,F401
+
+pytestmark = pytest.mark.kafka
+
+EPOCHS = 15
+
+
+def kafka_train(bootstrap: str, out, data_dir, staleness: str, run_id: str, epochs: int = EPOCHS,
+                extra=(), timeout: float = 300) -> subprocess.CompletedProcess:
+    argv = [sys.executable, "-m", "pipelines.cli", "train", "--dataset", "cora", "--data-dir", str(data_dir),
+            "--model", "gcn", "--partitions", "2", "--intervals", "4", "--staleness", staleness,
+            "--epochs", str(epochs), "--patience", "0", "--transport", "kafka", "--bootstrap", bootstrap,
+            "--spawn-local", "--run-id", run_id, "--out", str(out), "--quiet", *extra]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+
+
+def _rel(a, b) -> float:
+    return float(np.max(np.abs(a - b)) / (np.max(np.abs(a)) + 1e-12))
+
+
+def _assert_exact_accounting(summary: dict) -> None:
+    tr = summary["transport"]
+    assert tr["unacknowledged"] == 0 and not tr["failed_deliveries"]
+    for ch, v in tr["channels"].items():
+        assert v["consumed"], ch
+        for group, n in v["consumed"].items():
+            assert n == v["produced"], (ch, group, n, v["produced"])
+
+
+@pytest.fixture(scope="module")
+def cora(data_dir):
+    return load_dataset("cora", data_dir)
+
+
+def test_synchronous_kafka_processes_equal_the_memory_engine(kafka_bootstrap, data_dir, cora, tmp_path):
+    run_id = f"eq-{uuid.uuid4().hex[:8]}"
+    out = tmp_path / "run"
+    proc = kafka_train(kafka_bootstrap, out, data_dir, "none", run_id)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    s = json.loads((out / "summary.json").read_text())
+    assert s["status"] == "complete" and s["epochs"] == EPOCHS and s["partitions"] == 2
+    pids = {r: f["pid"] for r, f in s["roles"].items()}
+    assert sorted(pids) == ["graph-server-0", "graph-server-1", "param-server", "tensor-worker-0"]
+    assert len(set(pids.values())) == 4 and os.getpid() not in pids.values()  # one OS process per role
+    _assert_exact_accounting(s)
+    assert s["dead_letters"] == 0
+
+    cfg = build_config(load_toml(out / "config.toml"), {"transport": "memory"})
+    mem = train_engine(cfg, cora)
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    l1 = np.array([r["loss"] for r in mem.history])
+    l2 = np.array([r["loss"] for r in rows])
+    assert np.max(np.abs(l1 - l2) / np.abs(l1)) < 1e-4
+    assert s["best_epoch"] == mem.summary["best_epoch"] and s["test_acc"] == pytest.approx(mem.summary["test_acc"])
+    with np.load(out / "weights.npz") as z:
+        for k, w in _tree_to_npz(mem.best_params).items():
+            assert _rel(w, z[k]) < 1e-4, k
+    with np.load(out / "ckpt" / f"param-server-{EPOCHS:06d}.npz") as z:  # the parameter server's final weights
+        for k, w in _tree_to_npz(mem.params).items():
+            assert _rel(w, z[f"params/{k}"]) < 1e-4, k
+
+    # Interop: a plain kafka-python consumer, importing nothing of this project, decodes every value of every
+    # topic of the run with pyarrow.ipc alone.
+    script = textwrap.dedent(f"""
+        import json, sys
+        import pyarrow as pa
+        from kafka import KafkaConsumer, TopicPartition
+        c = KafkaConsumer(bootstrap_servers={kafka_bootstrap!r}, enable_auto_commit=False)
+        topics = sorted(t for t in c.topics() if t.startswith("dorylus.{run_id}."))
+        counts, types = {{}}, {{}}
+        for topic in topics:
+            tps = [TopicPartition(topic, p) for p in sorted(c.partitions_for_topic(topic))]
+            end = c.end_offsets(tps)
+            c.assign(tps)
+            c.seek_to_beginning(*tps)
+            n = 0
+            while any(c.position(tp) < end[tp] for tp in tps):
+                for tp, recs in c.poll(1000).items():
+                    for r in recs:
+                        table = pa.ipc.open_stream(r.value).read_all()
+                        types.setdefault(topic, set()).add(table.schema.metadata[b"dorylus.type"].decode())
+                        n += 1
+            counts[topic] = n
+        assert not [m for m in sys.modules if m.split(".")[0] in ("pipelines", "schemas", "ops")]
+        print(json.dumps({{"counts": counts, "types": {{k: sorted(v) for k, v in types.items()}}}}))
+    """)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    got = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                         cwd=str(tmp_path), env=env)
+    assert got.returncode == 0, got.stderr[-2000:]
+    res = json.loads(got.stdout)
+    prefix = f"dorylus.{run_id}."
+    for kind, n in s["transport"]["messages"].items():
+        assert res["counts"][prefix + kind] == n, kind
+    assert res["types"][prefix + "ghosts"] == ["vertex_block"]
+    assert res["types"][prefix + "ghosts.grad"] == ["vertex_block"]
+    assert res["types"][prefix + "watermarks"] == ["watermark"]
+    assert res["types"][prefix + "weights"] == ["weights"] and res["types"][prefix + "grads"] == ["gradients"]
+    assert res["types"][prefix + "tensor"] == ["tensor_batch"]
+
+
+def test_bounded_staleness_over_kafka_lands_in_the_memory_engines_band(kafka_bootstrap, data_dir, cora,
+                                                                        tmp_path):
+    out = tmp_path / "run"
+    proc = kafka_train(kafka_bootstrap, out, data_dir, "1", f"s1-{uuid.uuid4().hex[:8]}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    s = json.loads((out / "summary.json").read_text())
+    assert s["max_staleness_observed"] == 1
+    _assert_exact_accounting(s)
+    cfg = build_config(load_toml(out / "config.toml"), {"transport": "memory"})
+    mem = train_engine(cfg, cora)
+    assert abs(s["test_acc"] - mem.summary["test_acc"]) <= 0.02, (s["test_acc"], mem.summary["test_acc"])
+    assert abs(s["best_val_acc"] - mem.summary["best_val_acc"]) <= 0.02
