@@ -83,6 +83,11 @@ def encode(msg: Message, run_id: str, compression: str | None = None) -> bytes:
     return S.encode(to_arrow(msg, run_id), compression=compression)
 
 
+def encode_buffer(msg: Message, run_id: str, compression: str | None = None):
+    """Like `encode`, as the Arrow buffer itself (no copy into ``bytes``; ``memoryview(buf)`` is bytes-like)."""
+    return S.encode_buffer(to_arrow(msg, run_id), compression=compression)
+
+
 def from_arrow(obj) -> tuple[str, Message]:
     """(run id, engine message) of a decoded `schemas.messages` object."""
     if isinstance(obj, list):  # watermarks

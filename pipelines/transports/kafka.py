@@ -201,7 +201,7 @@ class KafkaTransport(Transport):
         self._raise_if_failed()
         nbytes = msg.nbytes()
         comp = self.compression if nbytes >= COMPRESS_MIN_BYTES else None
-        value = codec.encode(msg, self.run_id, comp)
+        value = memoryview(codec.encode_buffer(msg, self.run_id, comp))  # kafka-python takes bytes-likes
         if len(value) > self.max_message_bytes - RECORD_OVERHEAD:
             raise TransportError(
                 f"{msg.kind} message for {kind}[{partition}] (epoch {msg.epoch}, stage {msg.stage}, interval "

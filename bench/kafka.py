@@ -1,0 +1,196 @@
+"""Bench: the Kafka transport. JSON lines:
+
+1. ``{"bench": "kafka.throughput", ...}`` per payload: payload MB/s through the project's channel
+   (`KafkaTransport.send` -> `Consumer.poll`, Arrow IPC encode/decode included) against raw kafka-python
+   produce + consume of the same payload bytes on the same broker, in the same run; ``ratio`` = ours / raw
+   (best of the repeats on each side; ``ratio_median`` from the medians).
+   Payloads: random float32 (incompressible) with and without the transport's lz4, and Cora-like sparse
+   bag-of-words rows (what the first layer's tensor tasks carry), where lz4 pays.
+2. ``{"bench": "kafka.epoch", ...}``: median epoch seconds of a 2-partition run with one process per role over
+   Kafka (``dorylus train --transport kafka --spawn-local``) against the in-memory engine, same config, on the
+   default synthetic graph.
+
+Without ``--bootstrap`` a private broker is started with infra/local/kafka.sh (and stopped at the end).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+
+# This file is named like the kafka-python package: keep its own folder off the import path.
+_HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _HERE]
+sys.path.insert(0, os.path.dirname(_HERE))
+
+
+def emit(row: dict) -> None:
+    print(json.dumps(row), flush=True)
+
+
+def payloads(size_mb: float, rng):
+    import numpy as np
+
+    n = int(size_mb * 2**20 / 4)
+    rows = max(1, n // 1433)
+    dense = rng.standard_normal(n).astype(np.float32)
+    sparse = np.zeros((rows, 1433), np.float32)  # ~18 words per row, row-normalized, like Cora's features
+    for r in range(rows):
+        idx = rng.choice(1433, 18, replace=False)
+        sparse[r, idx] = 1.0 / 18
+    return {"random": dense.reshape(-1, 256), "sparse-bow": sparse}
+
+
+def raw_roundtrip(bootstrap: str, topic: str, values: list[bytes]) -> tuple[float, float]:
+    """Seconds to produce (acks=all, flushed) and then consume `values` with plain kafka-python."""
+    from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+
+    prod = KafkaProducer(bootstrap_servers=bootstrap, acks="all", max_request_size=64 * 2**20 + 2**16,
+                         batch_size=256 * 2**10, linger_ms=0)
+    cons = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, auto_offset_reset="earliest",
+                         fetch_max_bytes=64 * 2**20 + 2**20, max_partition_fetch_bytes=8 * 2**20,
+                         receive_message_max_bytes=130 * 2**20)
+    tp = TopicPartition(topic, 0)
+    cons.assign([tp])
+    cons.poll(100)
+    t0 = time.perf_counter()
+    for v in values:
+        prod.send(topic, value=v, partition=0)
+    prod.flush()
+    t1 = time.perf_counter()
+    got = 0
+    while got < len(values):
+        for recs in cons.poll(1000).values():
+            got += len(recs)
+    t2 = time.perf_counter()
+    prod.close()
+    cons.close()
+    return t1 - t0, t2 - t1
+
+
+def ours_roundtrip(bootstrap: str, run_id: str, arrays: list, compression) -> tuple[float, float, int]:
+    from pipelines.engine import messages as M
+    from pipelines.engine.messages import Message
+    from pipelines.transports.kafka import KafkaTransport
+
+    t = KafkaTransport(bootstrap, run_id, 1, compression=compression)
+    c = t.consumer([(M.GHOSTS, 0)], group="bench")
+    c.poll(0.1)
+    t0 = time.perf_counter()
+    for i, a in enumerate(arrays):
+        t.send(M.GHOSTS, 0, Message("AV", i, 0, 0, 0, 0, arrays={"h": a}))
+    t.flush()
+    t1 = time.perf_counter()
+    got = 0
+    while got < len(arrays):
+        got += len(c.poll(1.0))
+        c.commit()
+    t2 = time.perf_counter()
+    wire = t.stats()["bytes"].get(M.GHOSTS, 0)
+    t.close()
+    return t1 - t0, t2 - t1, wire
+
+
+def bench_throughput(bootstrap: str, size_mb: float, count: int, repeats: int) -> None:
+    import numpy as np
+    from kafka import KafkaAdminClient
+
+    rng = np.random.default_rng(0)
+    for name, arr in payloads(size_mb, rng).items():
+        arrays = [arr.copy() for _ in range(count)]
+        for a in arrays:  # distinct values, same statistics
+            a.flat[rng.integers(a.size)] += 1.0
+        payload = sum(a.nbytes for a in arrays) / 1e6
+        for compression in ([None, "lz4"] if name == "random" else ["lz4", None]):
+            ours, raw, wire = [], [], 0
+            for _ in range(repeats):  # alternate the two, so both see the same (shared) machine
+                run = f"bench-{uuid.uuid4().hex[:8]}"
+                ours_p, ours_c, wire = ours_roundtrip(bootstrap, run, arrays, compression)
+                ours.append((ours_p, ours_c))
+                raw_topic = f"dorylus.{run}.raw"
+                admin = KafkaAdminClient(bootstrap_servers=bootstrap)
+                admin.create_topics({raw_topic: {"num_partitions": 1, "replication_factor": 1,
+                                                 "configs": {"max.message.bytes": str(64 * 2**20)}}})
+                admin.wait_for_topics([raw_topic])
+                admin.close()
+                raw.append(raw_roundtrip(bootstrap, raw_topic, [a.tobytes() for a in arrays]))
+
+            def rate(pairs, k=None):
+                xs = [payload / (p + c if k is None else (p, c)[k]) for p, c in pairs]
+                return max(xs), float(np.median(xs))
+
+            (ob, om), (rb, rm) = rate(ours), rate(raw)
+            row = {"bench": "kafka.throughput", "payload": name, "compression": compression or "none",
+                   "message_mb": round(arrays[0].nbytes / 1e6, 3), "messages": count, "repeats": repeats,
+                   "ours_mb_s": ob, "raw_mb_s": rb, "ratio": ob / rb,
+                   "ours_mb_s_median": om, "raw_mb_s_median": rm, "ratio_median": om / rm,
+                   "ours_produce_mb_s": rate(ours, 0)[0], "ours_consume_mb_s": rate(ours, 1)[0],
+                   "raw_produce_mb_s": rate(raw, 0)[0], "raw_consume_mb_s": rate(raw, 1)[0],
+                   "wire_mb": wire / 1e6}
+            emit({k: round(v, 3) if isinstance(v, float) else v for k, v in row.items()})
+
+
+def bench_epoch(bootstrap: str, epochs: int, partitions: int, intervals: int) -> None:
+    from pipelines.config import TrainConfig
+    from pipelines.data.registry import load_dataset
+    from pipelines.engine.runner import train_engine
+
+    graph = load_dataset(None)
+    cfg = TrainConfig(partitions=partitions, intervals=intervals, staleness=0, epochs=epochs, patience=0).resolved()
+    mem = train_engine(cfg, graph).summary
+    with tempfile.TemporaryDirectory() as d:
+        argv = [sys.executable, "-m", "pipelines.cli", "train", "--partitions", str(partitions), "--intervals",
+                str(intervals), "--staleness", "0", "--epochs", str(epochs), "--patience", "0", "--transport",
+                "kafka", "--bootstrap", bootstrap, "--spawn-local", "--out", os.path.join(d, "run"), "--quiet"]
+        t0 = time.perf_counter()
+        proc = subprocess.run(argv, capture_output=True, text=True)
+        wall = time.perf_counter() - t0
+        if proc.returncode != 0:
+            raise SystemExit(f"kafka run failed: {proc.stderr[-2000:]}")
+        kaf = json.load(open(os.path.join(d, "run", "summary.json")))
+    emit({"bench": "kafka.epoch", "graph": graph.name, "partitions": partitions, "intervals": intervals,
+          "staleness": 0, "epochs": epochs,
+          "memory_epoch_s": round(mem["epoch_s_median"], 4), "kafka_epoch_s": round(kaf["epoch_s_median"], 4),
+          "slowdown": round(kaf["epoch_s_median"] / mem["epoch_s_median"], 2),
+          "kafka_startup_s": round(kaf["startup_s"], 2), "kafka_shutdown_s": round(kaf["shutdown_s"], 2),
+          "kafka_wall_s": round(wall, 1), "memory_test_acc": mem["test_acc"], "kafka_test_acc": kaf["test_acc"],
+          "kafka_wire_mb": round(sum(kaf["transport"]["bytes"].values()) / 1e6, 2),
+          "kafka_payload_mb": round(sum(kaf["transport"]["payload_bytes"].values()) / 1e6, 2)})
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--bootstrap", help="Kafka HOST:PORT (default: start a private broker)")
+    p.add_argument("--message-mb", type=float, default=1.0, help="payload per message")
+    p.add_argument("--messages", type=int, default=100)
+    p.add_argument("--repeats", type=int, default=3,
+                   help="runs per row, ours and raw alternating; best and median of each are reported")
+    p.add_argument("--epochs", type=int, default=20)
+    p.add_argument("--partitions", type=int, default=2)
+    p.add_argument("--intervals", type=int, default=4)
+    p.add_argument("--skip-epoch", action="store_true")
+    args = p.parse_args(argv)
+    broker = None
+    bootstrap = args.bootstrap
+    if not bootstrap:
+        from tests.kafka_fixtures import LocalKafka
+
+        broker = LocalKafka()
+        bootstrap = broker.start()
+    try:
+        bench_throughput(bootstrap, args.message_mb, args.messages, args.repeats)
+        if not args.skip_epoch:
+            bench_epoch(bootstrap, args.epochs, args.partitions, args.intervals)
+    finally:
+        if broker is not None:
+            broker.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
