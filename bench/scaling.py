@@ -1,0 +1,232 @@
+"""Bench: scaling over R-MAT sizes. Seconds per edge per epoch, and graph-server memory per edge.
+
+    python bench/scaling.py                                  # 1M, 2M, 4M, 8M, 16M undirected edges
+    python bench/scaling.py --edges 1M,2M --epochs 3 --engine 2
+
+For each size, in a fresh subprocess (so peak RSS belongs to that size alone): an R-MAT graph with Graph500's
+edge factor 16 (2^k vertices, 16 x 2^k distinct undirected edges, so vertices and edges grow together), feature
+dimension F; a 2-layer GCN trained with the whole-graph trainer's jitted step for --epochs epochs after one
+compiling epoch. Optionally (--engine P) the pipelined engine with P partitions, hash partitioner.
+
+One JSON line per (size, trainer):
+  seconds per epoch (median, min), `s_per_edge` = fastest epoch's seconds / undirected edges (on a shared
+    machine the fastest epoch is the one least disturbed by other processes; `s_per_edge_median` beside it),
+  `array_bytes`: the graph server's resident arrays (the adjacency in CSR with its transpose permutation, the
+    normalized features), `array_bytes_per_edge` and the check against the goal
+    64 bytes/edge + 4 x F bytes/vertex (`memory_goal_ok`);
+  `peak_rss_delta_bytes`: the process's peak RSS minus its RSS before the graph was built (includes the
+    transient per-edge buffers of the kernels and the generator), and per edge.
+A final `scaling-summary` line: the spread of seconds per edge (max / min over sizes; goal <= 1.3).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+
+GOAL_SPREAD = 1.3
+GOAL_BYTES_PER_EDGE = 64
+
+
+def parse_size(s: str) -> int:
+    s = s.strip().upper()
+    mult = {"K": 2 ** 10, "M": 2 ** 20}.get(s[-1:], 1)
+    return int(float(s[:-1]) * mult) if mult != 1 else int(s)
+
+
+def rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def peak_rss_bytes() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def _nbytes(obj) -> int:
+    import jax
+    import numpy as np
+
+    return int(sum(np.asarray(a).nbytes if not hasattr(a, "nbytes") else a.nbytes
+                   for a in jax.tree_util.tree_leaves(obj)))
+
+
+def one(args) -> list[dict]:
+    """One size, in this process: the whole-graph trainer (and the engine); returns the rows."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    jnp.zeros(1).block_until_ready()  # the runtime's own memory is part of the baseline
+    from ops.optim import dropout_seeds, make_optimizer
+    from ops.sparse import Adjacency
+    from pipelines.config import TrainConfig
+    from pipelines.data.synthetic import rmat
+    from pipelines.train import build_model, make_train_step, model_inputs
+
+    m = args.one
+    scale = max(int(round(np.log2(m / args.edge_factor))), 1)
+    base_rss = rss_bytes()
+    t0 = time.perf_counter()
+    graph = rmat(scale, num_edges=m, feature_dim=args.features, num_classes=args.classes, seed=args.seed)
+    gen_s = time.perf_counter() - t0
+    cfg = TrainConfig(model="gcn", hidden=args.hidden, layers=2, seed=args.seed, dropout=0.5,
+                      epochs=args.epochs).resolved()
+    model = build_model(cfg, graph)
+    x, a = model_inputs(cfg, graph)
+    t0 = time.perf_counter()
+    adj_host = Adjacency.from_scipy(a)
+    build_s = time.perf_counter() - t0
+    adj = adj_host.to_device()
+    del adj_host
+    xj = jnp.asarray(x)
+    labels = jnp.asarray(graph.labels)
+    mask = jnp.asarray(graph.train_mask)
+    array_bytes = _nbytes(adj) + int(xj.nbytes)
+    params = model.init(jax.random.PRNGKey(args.seed))
+    tx = make_optimizer(cfg.lr, cfg.weight_decay, model.decay_mask(params))
+    opt_state = tx.init(params)
+    step = make_train_step(model, tx)
+    seeds = [jnp.asarray(dropout_seeds(args.seed, e, len(model.stages))) for e in range(args.epochs + 1)]
+    t0 = time.perf_counter()
+    params, opt_state, loss = step(params, opt_state, adj, xj, labels, mask, seeds[0])
+    loss.block_until_ready()
+    jit_s = time.perf_counter() - t0
+    times = []
+    for e in range(1, args.epochs + 1):
+        t0 = time.perf_counter()
+        params, opt_state, loss = step(params, opt_state, adj, xj, labels, mask, seeds[e])
+        loss.block_until_ready()
+        times.append(time.perf_counter() - t0)
+    n, edges, F = graph.num_nodes, graph.num_edges // 2, args.features
+    goal = GOAL_BYTES_PER_EDGE * edges + 4 * F * n
+    peak = peak_rss_bytes() - base_rss
+    med = float(np.median(times))
+    common = {"bench": "scaling", "edges": edges, "nodes": n, "nnz": int(a.nnz), "features": F,
+              "hidden": args.hidden, "rmat_scale": scale}
+    # Seconds per edge from the fastest epoch: on a shared machine the median measures the neighbours too.
+    rows = [{**common, "trainer": "whole-graph", "epochs": args.epochs, "epoch_s_median": med,
+             "epoch_s_min": float(min(times)), "s_per_edge": float(min(times)) / edges,
+             "s_per_edge_median": med / edges, "jit_s": jit_s, "generate_s": gen_s,
+             "adjacency_build_s": build_s, "array_bytes": array_bytes, "array_bytes_per_edge": array_bytes / edges,
+             "memory_goal_bytes": goal, "memory_goal_ok": array_bytes <= goal,
+             "peak_rss_delta_bytes": peak, "peak_rss_delta_per_edge": peak / edges,
+             "final_loss": float(loss), "cores": os.cpu_count()}]
+    print(json.dumps(rows[0]), flush=True)
+    if args.engine:
+        del adj, xj, params, opt_state, step
+        rows.append(engine_row(args, graph, cfg, common))
+        print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
+def engine_row(args, graph, cfg, common: dict) -> dict:
+    """The pipelined engine on the same graph: seconds per epoch, and the graph servers' resident arrays."""
+    import dataclasses
+
+    import numpy as np
+
+    from pipelines.engine.runner import train_engine
+
+    c = dataclasses.replace(cfg, partitions=args.engine, intervals=args.intervals, staleness=0,
+                            tensor_workers=args.tensor_workers, epochs=args.epochs + 1, patience=0,
+                            partitioner="hash").resolved()
+    t0 = time.perf_counter()
+    r = train_engine(c, graph, evaluate=False)
+    wall = time.perf_counter() - t0
+    times = [row["epoch_s"] for row in r.history]
+    med = float(np.median(times[1:]))
+    edges, n, F = common["edges"], common["nodes"], common["features"]
+    # Graph-server arrays, computed from the partition plan: per interval the block's CSR + transpose
+    # (5 int32/float32 per stored entry, indptrs, ids) and the partition's feature columns (owned + ghosts).
+    from pipelines.engine.partition import build_plan
+    from pipelines.train import model_inputs
+
+    x, a = model_inputs(c, graph)
+    plan = build_plan(a, c.partitions, c.intervals, "hash", c.seed)
+    worst = None
+    for pp in plan.partitions:
+        blocks = sum(_nbytes(iv.block) for iv in pp.intervals)
+        cols = int(pp.colspace.size) * x.shape[1] * 4
+        nnz = sum(int(iv.block.indptr[-1]) for iv in pp.intervals)  # includes padding entries
+        gs = {"bytes": blocks + cols, "edges": nnz / 2, "vertices": int(pp.colspace.size)}
+        gs["goal"] = GOAL_BYTES_PER_EDGE * gs["edges"] + 4 * F * gs["vertices"]
+        if worst is None or gs["bytes"] / gs["goal"] > worst["bytes"] / worst["goal"]:
+            worst = gs
+    ps = r.summary.get("partition_stats", {})
+    return {**common, "trainer": "engine", "partitions": args.engine, "intervals": args.intervals,
+            "staleness": 0, "epochs": args.epochs, "first_epoch_s": times[0], "epoch_s_median": med,
+            "epoch_s_min": float(min(times[1:])), "s_per_edge": float(min(times[1:])) / edges,
+            "s_per_edge_median": med / edges, "wall_s": wall, "utilization": r.summary["utilization"],
+            "edge_cut_fraction": ps.get("edge_cut_fraction"), "final_loss": r.history[-1]["loss"],
+            "peak_rss_bytes": peak_rss_bytes(), "graph_server_array_bytes": worst["bytes"],
+            "graph_server_bytes_per_edge": worst["bytes"] / worst["edges"],
+            "graph_server_memory_goal_bytes": worst["goal"], "memory_goal_ok": worst["bytes"] <= worst["goal"]}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--edges", default="1M,2M,4M,8M,16M", help="undirected edge counts (K = 2^10, M = 2^20)")
+    p.add_argument("--epochs", type=int, default=5)
+    p.add_argument("--features", type=int, default=32)
+    p.add_argument("--hidden", type=int, default=32)
+    p.add_argument("--classes", type=int, default=8)
+    p.add_argument("--edge-factor", type=int, default=16)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--engine", type=int, default=0, help="also run the engine with this many partitions")
+    p.add_argument("--engine-max-edges", default="4M", help="the engine runs only up to this size")
+    p.add_argument("--intervals", type=int, default=4)
+    p.add_argument("--tensor-workers", type=int, default=2)
+    p.add_argument("--timeout", type=float, default=3600, help="seconds per size")
+    p.add_argument("--one", type=int, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.one:
+        one(args)
+        return 0
+    sizes = [parse_size(s) for s in args.edges.split(",") if s.strip()]
+    eng_max = parse_size(args.engine_max_edges)
+    rows = []
+    for m in sizes:
+        cmd = [sys.executable, os.path.abspath(__file__), "--one", str(m), "--epochs", str(args.epochs),
+               "--features", str(args.features), "--hidden", str(args.hidden), "--classes", str(args.classes),
+               "--edge-factor", str(args.edge_factor), "--seed", str(args.seed),
+               "--engine", str(args.engine if m <= eng_max else 0), "--intervals", str(args.intervals),
+               "--tensor-workers", str(args.tensor_workers)]
+        try:
+            proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=args.timeout)
+        except subprocess.TimeoutExpired:
+            row = {"bench": "scaling", "edges_requested": m, "error": f"timeout after {args.timeout:.0f}s"}
+            print(json.dumps(row), flush=True)
+            rows.append(row)
+            continue
+        got = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+        if proc.returncode != 0 or not got:
+            got.append({"bench": "scaling", "edges_requested": m, "error": f"exit {proc.returncode}",
+                        "stderr_tail": proc.stderr[-800:]})
+        for row in got:
+            print(json.dumps(row), flush=True)
+        rows += got
+    summary = {"bench": "scaling-summary", "goal_spread": GOAL_SPREAD}
+    for trainer in ("whole-graph", "engine"):
+        spe = [r["s_per_edge"] for r in rows if r.get("trainer") == trainer and "s_per_edge" in r]
+        if len(spe) >= 2:
+            summary[f"{trainer}.s_per_edge_spread"] = max(spe) / min(spe)
+            summary[f"{trainer}.spread_ok"] = max(spe) / min(spe) <= GOAL_SPREAD
+    mem = [r for r in rows if r.get("trainer") == "whole-graph" and "array_bytes" in r]
+    if mem:
+        summary["memory_goal_ok"] = all(r["memory_goal_ok"] for r in mem)
+        summary["array_bytes_per_edge_max"] = max(r["array_bytes_per_edge"] for r in mem)
+        summary["peak_rss_delta_per_edge_max"] = max(r["peak_rss_delta_per_edge"] for r in mem)
+    print(json.dumps(summary), flush=True)
+    return 0 if not any("error" in r for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
