@@ -55,7 +55,25 @@ def _no_data(ax, text: str) -> None:
 
 
 # ------------------------------------------------------------------------------------------------------ curves
-def plot_loss(run, path: Path) -> None:
+def wu_cadence(spans: list[dict]) -> tuple[list[int], list[float]]:
+    """Seconds between the parameter server's publications of consecutive weight versions (the pipeline's epoch
+    time as the parameter server sees it; the driver's epoch_s bunches up while it evaluates)."""
+    ends = {}
+    for s in spans:
+        if s["kind"] == "WU":
+            ends[s["epoch"]] = max(ends.get(s["epoch"], 0.0), s["t1"])
+    xs, ys = [], []
+    for e in sorted(ends):
+        if e - 1 in ends:
+            xs.append(e)
+            ys.append(ends[e] - ends[e - 1])
+        elif e == 0:
+            xs.append(0)
+            ys.append(ends[0])
+    return xs, ys
+
+
+def plot_loss(run, path: Path, spans: list[dict] | None = None) -> None:
     fig = Figure(figsize=(8, 5.5))
     ax, ax2 = fig.subplots(2, 1, sharex=True, gridspec_kw={"height_ratios": [2, 1]})
     for key, label, style in (("loss", "training loss", "-"), ("val_loss", "validation loss", "--")):
@@ -70,9 +88,14 @@ def plot_loss(run, path: Path) -> None:
     ax.grid(alpha=0.3)
     ax.set_title(f"{run.name}: loss per epoch")
     xs, ys = _series(run.metrics, "epoch_s")
+    wx, wy = wu_cadence(spans or [])
     if xs:
-        ax2.bar(xs, ys, color="#9ecae1", width=0.8)
-        ax2.set_yscale("log" if len(ys) > 1 and max(ys) > 20 * max(min(ys), 1e-9) else "linear")
+        ax2.bar(xs, ys, color="#9ecae1", width=0.8, label="driver: epoch_s")
+        if wx:
+            ax2.plot(wx, wy, "o-", color="#8c564b", ms=3, lw=1, label="parameter server: WU to WU")
+            ax2.legend(loc="upper right", fontsize=7)
+        both = ys + wy
+        ax2.set_yscale("log" if len(both) > 1 and max(both) > 20 * max(min(both), 1e-9) else "linear")
     ax2.set_ylabel("epoch (s)")
     ax2.set_xlabel("epoch")
     ax2.grid(alpha=0.3, axis="y")
@@ -295,11 +318,17 @@ def plot_staleness(run, spans: list[dict], path: Path) -> None:
             d = waits.setdefault(s.get("gate") or "other", {})
             d[s["epoch"]] = d.get(s["epoch"], 0.0) + (s["t1"] - s["t0"])
     if waits:
-        # As a share of the epoch's interval-time (intervals x epoch seconds), so compilation epochs do not dwarf
-        # the rest: 1.0 means every interval waited the whole epoch.
+        # As a share of the epoch's interval-time (intervals x the epoch's extent: its first span's start to its
+        # last span's end), so compilation epochs do not dwarf the rest: 1.0 means every interval waited
+        # throughout the epoch.
         n_iv = len({(s["lane"], s["interval"]) for s in spans if s["lane"].startswith("graph-server-")
                     and s["interval"] >= 0}) or 1
-        epoch_s = {m["epoch"]: m.get("epoch_s") or 0.0 for m in run.metrics}
+        lo_t, hi_t = {}, {}
+        for s in spans:
+            if s["lane"] != "param-server":
+                lo_t[s["epoch"]] = min(lo_t.get(s["epoch"], s["t0"]), s["t0"])
+                hi_t[s["epoch"]] = max(hi_t.get(s["epoch"], s["t1"]), s["t1"])
+        epoch_s = {e: hi_t[e] - lo_t[e] for e in lo_t}
         epochs = sorted({e for d in waits.values() for e in d})
         bottom = [0.0] * len(epochs)
         for g in [g for g in GATE_LABELS if g in waits] + [g for g in waits if g not in GATE_LABELS]:
@@ -309,7 +338,7 @@ def plot_staleness(run, spans: list[dict], path: Path) -> None:
             bottom = [b + v for b, v in zip(bottom, vals)]
         ax2.legend(loc="upper right", fontsize=7)
         ax2.set_ylabel("share of interval time waiting")
-        ax2.set_ylim(0, max(1.0, max(bottom) * 1.05))
+        ax2.set_ylim(0, 1.0)
     else:
         _no_data(ax2, "no waits recorded")
     ax2.set_xlabel("epoch")
@@ -411,7 +440,8 @@ def render_html(run, table, plots: list[tuple[str, str, str]]) -> str:
 
 CAPTIONS = {
     "loss.png": "Training loss (and validation loss) per epoch; below, seconds per epoch (epoch 0 includes "
-                "compilation).",
+                "compilation): the driver's epoch_s and, for engine runs, the time between the parameter "
+                "server's publications of consecutive weight versions.",
     "accuracy.png": "Train, validation and test accuracy per epoch; the dotted line marks the best validation "
                     "epoch, whose weights are kept.",
     "timeline.png": "One lane per graph server (SC/∇SC row, then one row per vertex interval: GA/∇GA and the "
@@ -420,7 +450,7 @@ CAPTIONS = {
                     "parameter server (WU; dotted lines: a new weight version is published).",
     "staleness.png": "Top: the largest staleness a gather read so far (epochs), against the bound S, and the "
                      "spread of the intervals' epochs when the epoch completed. Bottom: the share of the epoch's "
-                     "interval time (intervals x epoch seconds) spent waiting on each gate.",
+                     "interval time (intervals x the epoch's extent on the timeline) spent waiting, by gate.",
     "cost.png": "What the run costs on AWS (prices.toml) by component, and the busy seconds by role and stage.",
 }
 
@@ -433,7 +463,7 @@ def write_report(run, table, out_dir: Path | None = None) -> Path:
     whole = not spans
     if whole:
         spans = whole_graph_spans(run.metrics)
-    plot_loss(run, out / "loss.png")
+    plot_loss(run, out / "loss.png", None if whole else spans)
     plot_accuracy(run, out / "accuracy.png")
     drawn = plot_timeline(run, spans, out / "timeline.png", max_epochs=10 ** 9 if whole else 3)
     plot_staleness(run, [] if whole else spans, out / "staleness.png")
