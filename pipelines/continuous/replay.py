@@ -105,8 +105,9 @@ def replay(graph: Graph, bootstrap: str, topic: str, slices: int = 10, slice_s: 
            prefix: str | None = None, log=None) -> dict:
     """Produce the dataset's slices to `topic` (created with `topic_partitions` partitions when missing).
 
-    start_ms: event time of slice 0 (default: now, rounded down to a whole slice). pace_s: wall-clock seconds
-    to wait between slices (0: as fast as possible)."""
+    start_ms: event time of slice 0 (default: now when pacing, else now rounded down to a whole slice).
+    pace_s: wall-clock seconds per slice (0: as fast as possible); when pacing, slice k is sent (k+1) x pace_s
+    after the start, so with pace_s equal to the slice's event-time span no event is sent before its time."""
     from pipelines.continuous import kafka_io
 
     slice_ms = max(1, int(round(slice_s * 1000)))
@@ -122,8 +123,8 @@ def replay(graph: Graph, bootstrap: str, topic: str, slices: int = 10, slice_s: 
     t_start = time.monotonic()
     try:
         for k, sl in enumerate(all_slices[first_slice:last + 1]):
-            if k and pace_s > 0:
-                time.sleep(max(0.0, t_start + k * pace_s - time.monotonic()))
+            if pace_s > 0:  # a slice goes out once its event-time span has passed: no event from the future
+                time.sleep(max(0.0, t_start + (k + 1) * pace_s - time.monotonic()))
             messages += send_slice(producer, topic, sl, parts, batch_size)
             events += sl.events.num_rows
             producer.flush()

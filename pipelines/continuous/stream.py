@@ -108,6 +108,7 @@ class Stream:
         self.seen: set[str] = set()
         self.positions: dict[int, int] = {}
         self.ends: dict[int, int] = {}
+        self.ends_time = 0.0  # monotonic time of the last end-offset refresh
         self.partitions: list[int] | None = None
         self.wm = WatermarkTracker(int(opts.lateness_s * 1000), opts.idle_partition_s)
         self.last_cut: int | None = None
@@ -129,6 +130,7 @@ class Stream:
         self.t_start = time.monotonic()
         self.on_round = None  # callback(row) after each round's checkpoint
         self.last_round_end = time.monotonic()  # the idle clock restarts after a round (training is not idling)
+        self.training = False  # True while a round trains (benchmarks sample ingest against it)
 
     # ------------------------------------------------------------------------------------------- lifecycle
     def stop(self) -> None:
@@ -161,9 +163,11 @@ class Stream:
                     parts = self.partitions
                     w = self.wm.watermark(parts) if parts else NO_TIME
                     cut = next_cut(w, self.pending_min, self.last_cut, self.interval_ms, self.opts.catch_up)
-                    idle = time.monotonic() - max(self.last_record, self.last_round_end)
-                    caught_up = parts is None or all(self.positions.get(p, 0) >= self.ends.get(p, 1 << 62)
-                                                          for p in parts)
+                    quiet_since = max(self.last_record, self.last_round_end)
+                    idle = time.monotonic() - quiet_since
+                    # caught up: every partition read to an end offset fetched after the stream went quiet
+                    caught_up = parts is None or (self.ends_time > quiet_since and all(
+                        self.positions.get(p, 0) >= self.ends.get(p, 1 << 62) for p in parts))
                     has_pending = self.pending_rows > 0
                 if cut is not None:
                     self._round(cut, w)
@@ -226,6 +230,7 @@ class Stream:
                 if not recs or time.monotonic() - last_ends > 0.25:
                     ends = c.end_offsets(tps)
                     with self.lock:
+                        self.ends_time = time.monotonic()
                         for tp in tps:
                             self.ends[tp.partition] = ends[tp]
                             self.wm.set_caught_up(tp.partition, self.positions[tp.partition] >= ends[tp])
@@ -405,7 +410,11 @@ class Stream:
             epochs = (self.opts.first_round_epochs or self.cfg.epochs) if self.params is None \
                 else self.opts.round_epochs
             t1 = time.monotonic()
-            result, engine = self._train(graph, epochs, seed=self.cfg.seed + k - 1)
+            self.training = True
+            try:
+                result, engine = self._train(graph, epochs, seed=self.cfg.seed + k - 1)
+            finally:
+                self.training = False
             train_s = time.monotonic() - t1
             with self.lock:
                 ingested1 = self.counters["ingested"]
