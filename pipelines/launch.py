@@ -112,8 +112,10 @@ class LocalLauncher:
                 continue
             if rc == 0 and role in self.finished:
                 continue
-            raise RoleFailed(f"{role} {_exit_text(rc)} (log: {self.log_dir / (role + '.log')}: "
-                             f"{_last_line(self.log_dir / (role + '.log'))})")
+            log = self.log_dir / f"{role}.log"
+            detail = f": {_last_line(log)}" if rc > 0 else ""
+            raise RoleFailed(f"{role} {_exit_text(rc)} (log: {log}{detail}); continue the run with "
+                             f"dorylus train --resume {self.log_dir.parent}")
 
     def wait(self, timeout_s: float) -> dict[str, int | None]:
         deadline = time.monotonic() + timeout_s
