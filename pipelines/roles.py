@@ -157,9 +157,13 @@ def _final(t, role: str, partition: int, stats: dict) -> None:
     ch = ts["channels"].setdefault(f"{M.METRICS}/0", {"produced": 0, "consumed": {}})
     ch["produced"] += 1
     ts["messages"][M.METRICS] = ts["messages"].get(M.METRICS, 0) + 1
+    import resource
+
+    ru = resource.getrusage(resource.RUSAGE_SELF)
     t.send(M.METRICS, 0, Message("FINAL", -1, -1, -1, partition, -1,
                                  meta={"role": role, "stats": stats, "transport": ts, "offsets": t.offsets(),
-                                       "pid": os.getpid()}))
+                                       "pid": os.getpid(), "cpu_s": ru.ru_utime + ru.ru_stime,
+                                       "max_rss_mb": ru.ru_maxrss / 1024}))
     t.flush(timeout_s=120)
 
 

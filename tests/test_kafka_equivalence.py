@@ -19,11 +19,11 @@ from tests.kafka_fixtures import kafka_bootstrap  # noqa: E402,F401
 
 pytestmark = pytest.mark.kafka
 
-EPOCHS = 15
+EPOCHS = 12
 
 
 def kafka_train(bootstrap: str, out, data_dir, staleness: str, run_id: str, epochs: int = EPOCHS,
-                extra=(), timeout: float = 300) -> subprocess.CompletedProcess:
+                extra=(), timeout: float = 600) -> subprocess.CompletedProcess:
     argv = [sys.executable, "-m", "pipelines.cli", "train", "--dataset", "cora", "--data-dir", str(data_dir),
             "--model", "gcn", "--partitions", "2", "--intervals", "4", "--staleness", staleness,
             "--epochs", str(epochs), "--patience", "0", "--transport", "kafka", "--bootstrap", bootstrap,

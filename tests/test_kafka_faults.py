@@ -37,7 +37,7 @@ def _rows(out):
     return [json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()] if path.exists() else []
 
 
-def _wait_rows(out, n, proc, timeout=240):
+def _wait_rows(out, n, proc, timeout=480):
     deadline = time.monotonic() + timeout
     while len(_rows(out)) < n:
         assert proc.poll() is None, proc.communicate()[1][-3000:]
@@ -74,7 +74,7 @@ def test_broker_restart_and_bad_messages_lose_nothing(kafka_bootstrap, data_dir,
     try:
         _wait_rows(out, 3, proc)
         restart_broker()  # stop (data kept) and start again, mid-run
-        _, err = proc.communicate(timeout=420)
+        _, err = proc.communicate(timeout=600)
     finally:
         if proc.poll() is None:
             proc.kill()

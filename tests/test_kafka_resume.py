@@ -44,7 +44,7 @@ def test_a_killed_graph_server_is_resumed_from_checkpoints(kafka_bootstrap, data
     assert json.loads((out / "run.json").read_text())["status"] == "failed"
 
     res = subprocess.run([sys.executable, "-m", "pipelines.cli", "train", "--resume", str(out), "--quiet"],
-                         capture_output=True, text=True, timeout=420)
+                         capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
     s = json.loads((out / "summary.json").read_text())
     assert s["status"] == "complete" and s["epochs"] == EPOCHS and s["incarnation"] == 1

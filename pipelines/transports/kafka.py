@@ -97,8 +97,9 @@ def _import_kafka():
     return kafka
 
 
-def check_broker(bootstrap: str | None, timeout_s: float = 10.0) -> None:
-    """Raise TransportError (one line) unless a Kafka broker answers at `bootstrap` within `timeout_s`."""
+def check_broker(bootstrap: str | None, timeout_s: float = 10.0, keep: bool = False):
+    """Raise TransportError (one line) unless a Kafka broker answers at `bootstrap` within `timeout_s`.
+    keep: return the connected admin client (else it is closed)."""
     if not bootstrap:
         raise TransportError("the kafka transport needs --bootstrap HOST:PORT")
     kafka = _import_kafka()
@@ -109,7 +110,10 @@ def check_broker(bootstrap: str | None, timeout_s: float = 10.0) -> None:
     except Exception as e:  # KafkaTimeoutError, NoBrokersAvailable, socket errors, bad host strings
         raise TransportError(f"Kafka broker at {bootstrap} is unreachable (gave up after "
                              f"{time.monotonic() - t0:.0f}s: {type(e).__name__}: {e})") from None
+    if keep:
+        return admin
     admin.close()
+    return None
 
 
 class KafkaTransport(Transport):
@@ -150,9 +154,12 @@ class KafkaTransport(Transport):
         self._dead_reasons: list[str] = []
         self._consumers: list = []
         self._shared: dict[str, _SharedGroup] = {}
-        check_broker(bootstrap, connect_timeout_s)
-        if create_topics:
-            self.ensure_topics()
+        admin = check_broker(bootstrap, connect_timeout_s, keep=True)
+        try:
+            if create_topics:
+                self.ensure_topics(admin=admin)
+        finally:
+            admin.close()
         self._producer = kafka.KafkaProducer(
             bootstrap_servers=bootstrap, client_id=f"{client_id}-producer", acks="all", enable_idempotence=True,
             retries=float("inf"), max_in_flight_requests_per_connection=5, linger_ms=0,
@@ -168,11 +175,13 @@ class KafkaTransport(Transport):
     def kinds(self) -> list[str]:
         return [*M.ALL_KINDS, DEAD_LETTER]
 
-    def ensure_topics(self, timeout_s: float = 30.0) -> None:
+    def ensure_topics(self, timeout_s: float = 60.0, admin=None) -> None:
         """Create the run's topics (idempotent: several processes may race to create them)."""
         kafka = _import_kafka()
-        admin = kafka.KafkaAdminClient(bootstrap_servers=self.bootstrap, client_id=f"{self.client_id}-admin",
-                                       bootstrap_timeout_ms=int(self.connect_timeout_s * 1000))
+        own = admin is None
+        if own:
+            admin = kafka.KafkaAdminClient(bootstrap_servers=self.bootstrap, client_id=f"{self.client_id}-admin",
+                                           bootstrap_timeout_ms=int(self.connect_timeout_s * 1000))
         try:
             want = {self.topic(k): topic_partitions(k, self.partitions) for k in self.kinds()}
             spec = {name: {"num_partitions": n, "replication_factor": self.replication_factor,
@@ -190,7 +199,8 @@ class KafkaTransport(Transport):
                     raise TransportError(f"topic {desc['name']} has {have} partitions, this run needs "
                                          f"{want[desc['name']]} (a run id reused with more partitions?)")
         finally:
-            admin.close()
+            if own:
+                admin.close()
 
     # ---------------------------------------------------------------------------------------------- sending
     def _raise_if_failed(self) -> None:
@@ -521,13 +531,13 @@ class _AssignedConsumer(Consumer):
         if self._gone:
             return
         self._processed.update(self._returned)
-        if self.group is not None:
-            self._commit(sync=True)
         self._gone = True
-        try:
+        try:  # closing never fails a run: at worst a restarted reader sees a few messages again
+            if self.group is not None:
+                self._commit(sync=True)
             self.kc.close(autocommit=False, timeout_ms=5000)
-        except Exception:  # closing never fails a run
-            pass
+        except Exception as e:
+            log.info("consumer close: %s", e)
 
 
 class _SharedGroup:
@@ -651,12 +661,12 @@ class _SharedGroup:
         with self.lock:
             if self._gone:
                 return
-            self._commit_locked(sync=True)
             self._gone = True
             try:
+                self._commit_locked(sync=True)
                 self.kc.close(autocommit=False, timeout_ms=5000)
-            except Exception:
-                pass
+            except Exception as e:
+                log.info("consumer close: %s", e)
 
 
 class _MemberConsumer(Consumer):
