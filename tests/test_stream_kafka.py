@@ -14,7 +14,7 @@ from pipelines.config import TrainConfig
 from pipelines.continuous import kafka_io
 from pipelines.continuous.replay import dataset_slices, replay
 from pipelines.continuous.stream import Stream, StreamOptions, read_applied
-from schemas import Control, decode_control
+from schemas import decode_control
 from schemas.events import encode_events, events_batch
 from tests.kafka_fixtures import kafka_bootstrap  # noqa: F401  (pytest fixture)
 
@@ -70,7 +70,9 @@ def test_cora_in_ten_slices_reaches_batch_accuracy(kafka_bootstrap, cora, batch_
                          num_classes=7, name="cora-stream")
     s = Stream(opts, cfg).run()
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-    assert s["status"] == "complete" and len(rows) == 10 and s["version"] == 10
+    # round 1 (15 train labels of 6 classes) waits for labels of every class; rounds 2..10 train
+    assert s["status"] == "complete" and len(rows) == 10 and s["version"] == 9
+    assert "test_acc" not in rows[0] and all("test_acc" in r for r in rows[1:])
     assert [r["cut_ms"] for r in rows[:9]] == [START_MS + 1000 * (k + 1) for k in range(9)]
     assert rows[-1]["final"] and rows[-1]["nodes"] == cora.num_nodes and rows[-1]["edges"] == cora.num_edges // 2
     assert np.all(np.diff([r["nodes"] for r in rows]) >= 0)
@@ -82,8 +84,9 @@ def test_cora_in_ten_slices_reaches_batch_accuracy(kafka_bootstrap, cora, batch_
     print(f"stream final test acc {final:.4f} vs batch {batch_acc:.4f}")
     assert abs(final - batch_acc) <= 0.015
     # every version was announced on the models topic
-    ann = [decode_control(m.value) for m in _consume_all(kafka_bootstrap, models, 10)]
-    assert [a.args["version"] for a in ann] == list(range(1, 11))
+    ann = [decode_control(m.value) for m in _consume_all(kafka_bootstrap, models, 9)]
+    assert [a.args["version"] for a in ann] == list(range(1, 10))
+    assert [a.args["round"] for a in ann] == list(range(2, 11))
     assert ann[-1].command == "MODEL_VERSION" and (tmp_path / ann[-1].args["path"]).exists()
 
 

@@ -55,6 +55,10 @@ def _stream_flags(p) -> None:
                         "over every pending event")
     g.add_argument("--num-classes", type=int, help="classes of the model (default: largest label seen + 1)")
     g.add_argument("--feature-dim", type=int, help="feature width (default: the first feature row's)")
+    g.add_argument("--min-train-labels", type=int,
+                   help="the first training waits for this many train labels (default: the number of classes)")
+    g.add_argument("--min-train-classes", type=int,
+                   help="... covering this many classes (default: all); the final round trains regardless")
     g.add_argument("--name", default="stream", help="model name in announcements (default stream)")
     g.add_argument("--fresh", action="store_true", help="delete a checkpoint in --out and start over")
     g.add_argument("--quiet", action="store_true", help="no per-round lines")
@@ -74,7 +78,9 @@ def cmd_stream(args) -> int:
                          round_interval_s=args.round_interval, lateness_s=args.allowed_lateness,
                          idle_partition_s=args.idle_partition, catch_up=args.catch_up,
                          round_epochs=args.round_epochs, until_idle_s=args.until_idle,
-                         num_classes=args.num_classes, feature_dim=args.feature_dim, name=args.name,
+                         num_classes=args.num_classes, feature_dim=args.feature_dim,
+                         min_train_labels=args.min_train_labels, min_train_classes=args.min_train_classes,
+                         name=args.name,
                          fresh=args.fresh)
     stream = Stream(opts, cfg)
     if not args.quiet:

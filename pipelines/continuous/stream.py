@@ -70,6 +70,12 @@ class StreamOptions:
     first_round_epochs: int | None = None    # epochs of the first (cold) round; default cfg.epochs
     until_idle_s: float | None = None        # stop after no new events for this long (a final round first)
     num_classes: int | None = None           # default: the largest label seen by the first round + 1
+    # No training before the graph has min_train_labels train labels (default num_classes) covering
+    # min_train_classes classes (default all): a first round fit to one or two classes leaves a model (dead
+    # ReLUs, saturated outputs) that warm-started rounds hardly recover from. The final round trains anyway
+    # (given labels of 2 classes).
+    min_train_labels: int | None = None
+    min_train_classes: int | None = None
     feature_dim: int | None = None           # default: the width of the first feature row seen
     name: str = "stream"
     fresh: bool = False                      # ignore (delete) an existing checkpoint in OUT
@@ -87,6 +93,10 @@ class StreamOptions:
         need(self.until_idle_s is None or self.until_idle_s > 0, f"until-idle must be > 0, got {self.until_idle_s}")
         need(self.num_classes is None or self.num_classes >= 2, f"num-classes must be >= 2, got {self.num_classes}")
         need(self.feature_dim is None or self.feature_dim >= 1, f"feature-dim must be >= 1, got {self.feature_dim}")
+        need(self.min_train_labels is None or self.min_train_labels >= 1,
+             f"min-train-labels must be >= 1, got {self.min_train_labels}")
+        need(self.min_train_classes is None or self.min_train_classes >= 2,
+             f"min-train-classes must be >= 2, got {self.min_train_classes}")
         need(bool(self.events_topic), "events topic must be set")
 
 
@@ -406,7 +416,12 @@ class Stream:
                      "train": int(graph.train_mask.sum()), "val": int(graph.val_mask.sum()),
                      "test": int(graph.test_mask.sum()), "apply_s": t_applied - t0}
         trained = False
-        if graph.num_nodes and graph.train_mask.any() and ((outcome == 0).any() or self.params is None):
+        train_labels = graph.labels[graph.train_mask]
+        classes = np.unique(train_labels).size
+        enough = classes >= 2 and (self.params is not None or cut is None or (
+            train_labels.size >= (self.opts.min_train_labels or graph.num_classes)
+            and classes >= min(self.opts.min_train_classes or graph.num_classes, graph.num_classes)))
+        if graph.num_nodes and enough and ((outcome == 0).any() or self.params is None):
             epochs = (self.opts.first_round_epochs or self.cfg.epochs) if self.params is None \
                 else self.opts.round_epochs
             t1 = time.monotonic()
