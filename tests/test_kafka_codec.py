@@ -111,3 +111,21 @@ def test_decoded_arrays_are_read_only_views():
     got = codec.decode(codec.encode(MESSAGES[2], "r"))
     with pytest.raises(ValueError):
         got.arrays["h"][0, 0] = 1.0
+
+
+def test_role_commands_name_every_process(tmp_path):
+    from pipelines.cli import build_parser
+    from pipelines.config import TrainConfig
+    from pipelines.launch import role_commands
+
+    cfg = tmp_path / "config.toml"
+    cfg.write_text(TrainConfig(partitions=3, intervals=2, transport="kafka", bootstrap="h:9092").resolved().to_toml())
+    cmds = role_commands(cfg, "h:9092", "run-r1", out=tmp_path, workers=2, start_epoch=7, owner_pid=42,
+                         entry=["dorylus"])
+    assert sorted(cmds) == ["graph-server-0", "graph-server-1", "graph-server-2", "param-server",
+                            "tensor-worker-0", "tensor-worker-1"]
+    assert cmds["graph-server-2"][:4] == ["dorylus", "graph-server", "--partition", "2"]
+    for argv in cmds.values():  # every command line parses with the real CLI
+        args = build_parser().parse_args(argv[1:])
+        assert (args.run_id, args.bootstrap, args.start_epoch, args.owner_pid) == ("run-r1", "h:9092", 7, 42)
+        assert args.config == str(cfg) and args.out == str(tmp_path)

@@ -592,8 +592,10 @@ class _SharedGroup:
                     self.outstanding[tp].add(rec.offset)
                     member.taken.append((tp, rec.offset))
                     taken.append(rec)
-            if taken or time.monotonic() >= deadline:
-                return self.t._decode_records(taken, self.group)
+                if taken:  # decoded (and counted) in offset order, before another member takes more
+                    return self.t._decode_records(taken, self.group)
+            if time.monotonic() >= deadline:
+                return []
 
     def done(self, member) -> None:
         with self.lock:
@@ -634,13 +636,14 @@ class _SharedGroup:
         with self.lock:
             if self._gone:
                 return
+            no_assignment_until = min(deadline, time.monotonic() + 10.0)
             while time.monotonic() < deadline:
                 tps = list(self.kc.assignment())
-                if not tps:
-                    self.kc.poll(timeout_ms=100)
-                    tps = list(self.kc.assignment())
-                    if not tps:
+                if not tps:  # rejoining the group (after a broker restart), or none of its partitions are ours
+                    if time.monotonic() > no_assignment_until:
                         break
+                    self.kc.poll(timeout_ms=200)
+                    continue
                 end = self.kc.end_offsets(tps)
                 if all(self.kc.position(tp) >= end[tp] for tp in tps) and not self.buffer:
                     break
