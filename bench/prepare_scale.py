@@ -8,7 +8,10 @@ Steps (each one JSON line):
   generate  the R-MAT graph (pipelines.data.synthetic.rmat: distinct undirected edges, no self-loops) written as
             --files CSV files ``src,dst`` (header, shuffled order) + features.npy [N, F] + labels.npy [N]
   prepare   `python -m pipelines.prepare ... --engine direct --workers W` in a subprocess: wall time, peak RSS
-            of the whole process tree (driver + SDK worker processes, sampled every 0.2 s), input edges/s
+            of the whole process tree (driver + SDK worker processes, sampled every 0.2 s), input edges/s.
+            If the pipeline's flow checks find that the runner lost elements (Beam 2.77's DirectRunner does with
+            several workers at this volume, see runner-check), it is run again with one worker.
+  runner-check  (only with --steps ...,runner-check) a standalone Beam pipeline showing that loss
   train     `python -m pipelines.cli train --prepared DIR ...` (engine: --partitions P --intervals I, or the
             whole-graph trainer with --train whole): wall time, peak RSS, epochs, the summary's numbers
 Not part of the test run.
@@ -21,9 +24,9 @@ import os
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
+from uuid import uuid4
 
 import numpy as np
 
@@ -108,7 +111,11 @@ def main(argv=None) -> int:
     ap.add_argument("--epochs", type=int, default=3)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--work", help="working directory (default: a temporary one, removed afterwards)")
+    ap.add_argument("--steps", default="generate,prepare,train",
+                    help="comma-separated steps to run; later steps reuse --work's earlier results")
+    ap.add_argument("--check-rows", type=int, default=1_000_000, help="runner-check: rows per produced element")
     args = ap.parse_args(argv)
+    steps = set(args.steps.split(","))
 
     tmp = None
     if args.work:
@@ -118,15 +125,20 @@ def main(argv=None) -> int:
         tmp = tempfile.TemporaryDirectory(prefix="dorylus-prepare-scale-")
         work = Path(tmp.name)
     try:
-        gen = generate(args, work)
-        emit(**gen)
         out = work / "prepared"
-        cmd = [sys.executable, "-m", "pipelines.prepare", "--edges", str(work / "edges" / "part-*.csv"),
-               "--features", str(work / "features.npy"), "--labels", str(work / "labels.npy"), "--split",
-               "--partitions", str(args.partitions), "--out", str(out), "--overwrite",
-               "--engine", "direct", "--workers", str(args.workers)]
-        m = run_measured(cmd, work / "prepare.log")
-        row = {"step": "prepare", "runner": f"DirectRunner multi_processing x{args.workers}", **m}
+        if "generate" in steps:
+            gen = generate(args, work)
+            emit(**gen)
+        else:
+            gen = None
+        if "runner-check" in steps:
+            emit(**runner_check(args.workers, rows=args.check_rows))
+        if "prepare" not in steps:
+            return train_step(args, work, out) if "train" in steps else 0
+        for workers in dict.fromkeys([args.workers, 1]):   # one worker again only if the parallel run failed
+            m, row = prepare_step(args, work, out, workers)
+            if m["rc"] == 0 or "lost or duplicated elements" not in row.get("log_tail", ""):
+                break
         if m["rc"] == 0:
             manifest = json.loads((out / "manifest.json").read_text())
             c = manifest["counters"]
@@ -134,34 +146,110 @@ def main(argv=None) -> int:
                        directed_edges=manifest["num_edges"], vertices=manifest["num_vertices"],
                        duplicates=c["duplicate_edges"], partitions=manifest["num_partitions"],
                        shard_bytes=sum(p["edges_bytes"] + p["vertices_bytes"] for p in manifest["partitions"]))
-            assert manifest["num_edges"] == gen["directed_edges"], (manifest["num_edges"], gen["directed_edges"])
-        else:
-            row["log_tail"] = (work / "prepare.log").read_text()[-2000:]
-        emit(**row)
-        if m["rc"] != 0 or args.train == "none":
+            if gen is not None:
+                assert manifest["num_edges"] == gen["directed_edges"], (manifest["num_edges"], gen["directed_edges"])
+            emit(**row)
+        if m["rc"] != 0 or args.train == "none" or "train" not in steps:
             return m["rc"]
-        run_dir = work / "run"
-        cmd = [sys.executable, "-m", "pipelines.cli", "train", "--prepared", str(out), "--epochs", str(args.epochs),
-               "--patience", "0", "--out", str(run_dir), "--overwrite", "--quiet"]
-        if args.train == "engine":
-            cmd += ["--partitions", str(args.partitions), "--intervals", str(args.intervals)]
-        env = dict(os.environ, JAX_PLATFORMS=os.environ.get("JAX_PLATFORMS", "cpu"))
-        t = run_measured(cmd, work / "train.log", env=env)
-        row = {"step": "train", "trainer": "engine" if args.train == "engine" else "whole-graph", **t}
-        if t["rc"] == 0:
-            s = json.loads((run_dir / "summary.json").read_text())
-            row.update(epochs=s["epochs"], epoch_s_median=round(s["epoch_s_median"], 2),
-                       final_loss=s["final_loss"], seconds=round(s["seconds"], 2))
-            if args.train == "engine":
-                row.update(partitions=s["partitions"], intervals=s["intervals"],
-                           partitioner=s["partition_stats"]["partitioner"])
-        else:
-            row["log_tail"] = (work / "train.log").read_text()[-2000:]
-        emit(**row)
-        return t["rc"]
+        return train_step(args, work, out)
     finally:
         if tmp is not None:
             tmp.cleanup()
+
+
+def prepare_step(args, work: Path, out: Path, workers: int) -> tuple[dict, dict]:
+    cmd = [sys.executable, "-m", "pipelines.prepare", "--edges", str(work / "edges" / "part-*.csv"),
+           "--features", str(work / "features.npy"), "--labels", str(work / "labels.npy"), "--split",
+           "--partitions", str(args.partitions), "--out", str(out), "--overwrite", "--engine", "direct",
+           "--workers", str(workers)]
+    m = run_measured(cmd, work / "prepare.log")
+    mode = f"multi_processing x{workers}" if workers > 1 else "in_memory (one worker)"
+    row = {"step": "prepare", "runner": f"DirectRunner {mode}", **m}
+    if m["rc"] != 0:
+        lines = [ln for ln in (work / "prepare.log").read_text().splitlines() if "apitools" not in ln]
+        row["log_tail"] = "\n".join(lines[-5:])[-1500:]
+        emit(**row)
+    return m, row
+
+
+def _produce(i, side, rows, parts):
+    from apache_beam import pvalue
+
+    yield pvalue.TaggedOutput("stats", rows)
+    for p in range(parts):
+        yield p, np.full((rows // parts, 8), float(side), np.float32)
+
+
+def _count_rows(kv) -> dict:
+    return {t: sum(a.shape[0] for a in v) for t, v in kv[1].items()}
+
+
+def _save_json(obj, d: str) -> None:
+    Path(d, f"{uuid4().hex}.json").write_text(json.dumps(obj))
+
+
+def runner_check(workers: int, parts: int = 4, rows: int = 1_000_000,
+                 inputs=(("a", 16), ("b", 1), ("c", 8))) -> dict:
+    """Beam's DirectRunner with several workers (multi_processing, multi_threading) against one worker: three
+    producer stages (a side input, a tagged output) into one CoGroupByKey; rows that arrive per tag. In Beam
+    2.77 the parallel modes drop whole elements at this volume (~1 GB); one worker is exact."""
+    want = {tag: n * rows for tag, n in inputs}
+    out = {"step": "runner-check", "expected_rows": want}
+    for mode in ("multi_processing", "multi_threading", "in_memory"):
+        n = 1 if mode == "in_memory" else workers
+        flags = [f"--direct_running_mode={mode}", f"--direct_num_workers={n}"]
+        got: dict = {}
+        try:
+            _check_pipeline(flags, inputs, rows, parts, got)
+        except Exception as e:   # the parallel modes may also corrupt the stream: a decoding error
+            out[f"{mode} x{n}"] = {"rows": got, "exact": False, "error": str(e).strip().splitlines()[-1][:300]}
+            continue
+        out[f"{mode} x{n}"] = {"rows": got, "exact": got == want}
+    return out
+
+
+def _check_pipeline(flags, inputs, rows, parts, got) -> None:
+    import apache_beam as beam
+    from apache_beam import pvalue
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    with tempfile.TemporaryDirectory() as d:
+        with beam.Pipeline(options=PipelineOptions(flags)) as p:
+            side = p | "Side" >> beam.Create([1])
+            tagged = {}
+            for tag, k in inputs:
+                produced = (p | f"Create{tag}" >> beam.Create(list(range(k)))
+                            | f"Shuffle{tag}" >> beam.Reshuffle()
+                            | f"Produce{tag}" >> beam.FlatMap(_produce, side=pvalue.AsSingleton(side),
+                                                              rows=rows, parts=parts)
+                            .with_outputs("stats", main="rows"))
+                tagged[tag] = produced.rows
+            tagged | beam.CoGroupByKey() | beam.Map(_count_rows) | beam.Map(_save_json, d=d)
+        for f in Path(d).iterdir():
+            for t, c in json.loads(f.read_text()).items():
+                got[t] = got.get(t, 0) + c
+
+
+def train_step(args, work: Path, out: Path) -> int:
+    run_dir = work / "run"
+    cmd = [sys.executable, "-m", "pipelines.cli", "train", "--prepared", str(out), "--epochs", str(args.epochs),
+           "--patience", "0", "--out", str(run_dir), "--overwrite", "--quiet"]
+    if args.train == "engine":
+        cmd += ["--partitions", str(args.partitions), "--intervals", str(args.intervals)]
+    env = dict(os.environ, JAX_PLATFORMS=os.environ.get("JAX_PLATFORMS", "cpu"))
+    t = run_measured(cmd, work / "train.log", env=env)
+    row = {"step": "train", "trainer": "engine" if args.train == "engine" else "whole-graph", **t}
+    if t["rc"] == 0:
+        s = json.loads((run_dir / "summary.json").read_text())
+        row.update(epochs=s["epochs"], epoch_s_median=round(s["epoch_s_median"], 2),
+                   final_loss=s["final_loss"], seconds=round(s["seconds"], 2))
+        if args.train == "engine":
+            row.update(partitions=s["partitions"], intervals=s["intervals"],
+                       partitioner=s["partition_stats"]["partitioner"])
+    else:
+        row["log_tail"] = (work / "train.log").read_text()[-2000:]
+    emit(**row)
+    return t["rc"]
 
 
 if __name__ == "__main__":

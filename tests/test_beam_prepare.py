@@ -289,3 +289,33 @@ def test_dorylus_prepare_subcommand_with_gzip_edges(tmp_path, capsys):
     src, dst = np.array(pairs).T
     assert (shards.load_prepared(tmp_path / "out").adj != clean_adjacency(src, dst, N)).nnz == 0
     assert cli.main(["prepare", "--edges", str(tmp_path / "e.tsv.gz"), "--out", str(tmp_path / "out")]) == 2
+
+
+def test_text_blocks_fast_path_and_per_line_fallback_keep_line_numbers(monkeypatch):
+    """Blocks cut mid-file, Arrow's fast path, halving around bad lines: every edge keeps its file line."""
+    import io
+
+    from apache_beam import pvalue
+
+    monkeypatch.setattr(prepare, "MIN_FAST_LINES", 4)
+    lines = ["# comment", "", "src\tdst"] + [f"{i}\t{(i * 7) % 50}" for i in range(200)]
+    lines[60] = "7\tx"                    # bad
+    lines[90] = "  9 \t 10  # trailing"   # valid, odd spacing and a comment
+    lines[120] = ""                       # blank
+    lines[150] = "1\t2\t3"                # bad
+    data = ("\n".join(lines)).encode()    # no final newline
+    out = list(prepare._read_text(io.BytesIO(data), "f.tsv", block_bytes=97))
+    chunks = [o for o in out if isinstance(o, prepare.EdgeChunk)]
+    stats = [o.value for o in out if isinstance(o, pvalue.TaggedOutput)]
+    got = [(c.line(i), int(c.src[i]), int(c.dst[i])) for c in chunks for i in range(c.src.size)]
+    want = []
+    for lineno, line in enumerate(lines, start=1):
+        fields = prepare._split_fields(line.split("#")[0].strip())
+        if lineno > 3 and len(fields) == 2 and all(prepare._INT_RE.fullmatch(f) for f in fields):
+            want.append((lineno, int(fields[0]), int(fields[1])))
+    assert got == want
+    count = {name: sum(s.n for s in stats if s.name == name) for name in ("input_records", "bad_records",
+                                                                          "header_lines")}
+    assert count == {"input_records": 199, "bad_records": 2, "header_lines": 1}
+    samples = sorted(s.sample for s in stats if s.name == "bad_records" and s.sample)
+    assert samples == ["f.tsv:151: expected 2 fields (src dst), got 3", "f.tsv:61: non-integer field 'x'"]

@@ -1,1 +1,2 @@
-"""Apache Beam pipelines: prepare/partition a graph (prepare.py), runner flags (runners.py), shard readers (shards.py)."""
+"""Apache Beam pipelines: prepare a graph (prepare.py), full-graph inference (infer.py), runner flags
+(runners.py), shard readers (shards.py)."""

@@ -1,7 +1,7 @@
-"""`dorylus prepare ...`: the Beam prepare pipeline as a subcommand of the project CLI (pipelines/cli.py).
+"""`dorylus prepare ...` and `dorylus infer ...`: the Beam pipelines as subcommands of the project CLI.
 
-Every argument after `prepare` goes to pipelines.beam.prepare (its own flags, then Beam's PipelineOptions);
-`dorylus prepare --help` prints them.
+Every argument after `prepare` (`infer`) goes to pipelines.beam.prepare (pipelines.beam.infer): its own flags,
+then Beam's PipelineOptions; `dorylus prepare --help` (`dorylus infer --help`) prints them.
 """
 from __future__ import annotations
 
@@ -22,6 +22,20 @@ def cmd_prepare(args) -> int:
     return 0
 
 
+def cmd_infer(args) -> int:
+    from pipelines.beam.infer import build_parser, run, summary_line
+    from pipelines.beam.runners import RunnerUnavailable
+    from pipelines.config import ConfigError
+
+    argv = list(args.infer_args)
+    try:
+        record = run(argv)
+    except RunnerUnavailable as e:
+        raise ConfigError(str(e)) from None
+    print(json.dumps(summary_line(record, build_parser().parse_known_args(argv)[0].out)))
+    return 0
+
+
 def register(sub) -> None:
     # prefix_chars="+": every "--flag" after `prepare` is a plain argument here, passed through unparsed
     p = sub.add_parser("prepare", add_help=False, prefix_chars="+",
@@ -29,3 +43,8 @@ def register(sub) -> None:
                             "(`dorylus prepare --help`)")
     p.add_argument("prepare_args", nargs=argparse.REMAINDER)
     p.set_defaults(func=cmd_prepare)
+    p = sub.add_parser("infer", add_help=False, prefix_chars="+",
+                       help="full-graph inference with a trained run's weights (Apache Beam): predictions and "
+                            "embeddings as Parquet (`dorylus infer --help`)")
+    p.add_argument("infer_args", nargs=argparse.REMAINDER)
+    p.set_defaults(func=cmd_infer)

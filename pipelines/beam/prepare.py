@@ -428,7 +428,8 @@ class _ReadEdgeFile(beam.DoFn):
             if a64.null_count or b64.null_count:
                 valid = ~(a64.is_null().to_numpy(zero_copy_only=False) | b64.is_null().to_numpy(zero_copy_only=False))
                 bad = np.flatnonzero(~valid)
-                yield from _stats("bad_records", bad.size, [f"{path}:{row + i + 1}: empty field" for i in bad[:SAMPLES]])
+                yield from _stats("bad_records", bad.size,
+                                  [f"{path}:{row + i + 1}: empty field" for i in bad[:SAMPLES]])
                 lines = np.flatnonzero(valid).astype(np.int64) + row + 1
                 src = a64.fill_null(0).to_numpy(zero_copy_only=False)[valid]
                 dst = b64.fill_null(0).to_numpy(zero_copy_only=False)[valid]
@@ -671,20 +672,24 @@ class _Route(beam.DoFn):
         # the record's own direction (forward bit set: repeats of it are duplicates) and its reverse
         keys = np.concatenate([_entry_keys(dst, src, 1), _entry_keys(src, dst, 0)])
         heads = np.concatenate([dst, src])
+        yield from _stats("routed:entries", keys.size)
         yield from _by_partition(assignment.of(heads), assignment.parts, keys)
 
 
 class Symmetrize(beam.PTransform):
-    """(src, dst) edge arrays -> (partition, uint64 entry keys): both directions of every edge, routed to the
-    partition that owns the entry's destination. Deduplication happens there (:class:`BuildPartitions`): a record
-    repeating an earlier one in the same direction counts as a duplicate (its reverse does not)."""
+    """(src, dst) edge arrays -> {'entries': (partition, uint64 entry keys), 'stats'}: both directions of every
+    edge, routed to the partition that owns the entry's destination. Deduplication happens there
+    (:class:`BuildPartitions`): a record repeating an earlier one in the same direction counts as a duplicate
+    (its reverse does not)."""
 
     def __init__(self, assignment):
         super().__init__()
         self.assignment = assignment
 
     def expand(self, edges):
-        return edges | "BothDirections" >> beam.ParDo(_Route(), assignment=pvalue.AsSingleton(self.assignment))
+        out = edges | "BothDirections" >> beam.ParDo(
+            _Route(), assignment=pvalue.AsSingleton(self.assignment)).with_outputs("stats", main="entries")
+        return {"entries": out.entries, "stats": out.stats}
 
 
 # --- features, labels and split files ------------------------------------------------------------------------------
@@ -871,7 +876,8 @@ class _ReadRows(beam.DoFn):
             bad = keep & (values < -1)
             if bad.any():
                 idx = np.flatnonzero(bad)
-                yield from _stats("bad_labels", idx.size, [f"{where(i)}: label {values[i]} < -1" for i in idx[:SAMPLES]])
+                yield from _stats("bad_labels", idx.size,
+                                  [f"{where(i)}: label {values[i]} < -1" for i in idx[:SAMPLES]])
                 keep &= ~bad
         elif what == "splits":
             bad = keep & ((values < -1) | (values > max(SPLIT_CODES.values())))
@@ -901,6 +907,7 @@ class _ReadRows(beam.DoFn):
             values = values.astype(np.float32)
         if not keep.all():
             ids, values = ids[keep], values[keep]
+        yield from _stats(f"routed:{what}", ids.size)
         yield from _by_partition(assignment.of(ids), assignment.parts, ids, values)
 
 
@@ -1025,27 +1032,33 @@ class _BuildPartition(beam.DoFn):
         p, g = kv
         n = int(num_nodes)
         owned = assignment.owned(p, n)
-        dst, src, deg, duplicates = _dedupe(list(g["edges"]), owned)
+        chunks = list(g["edges"])
+        yield from _stats("grouped:entries", sum(int(np.asarray(c).size) for c in chunks))
+        dst, src, deg, duplicates = _dedupe(chunks, owned)
         yield from _stats("duplicate_edges", duplicates)
+        yield from _stats("deduped:entries", dst.size)
+        tables = {t: list(g[t]) for t in self.tables}
+        for t, rows in tables.items():
+            yield from _stats(f"grouped:{t}", sum(int(c[0].size) for c in rows))
         if int(deg.sum()) != dst.size:
             yield from _stats("assignment_errors", 1, [f"partition {p}: edge entries of vertices it does not own"])
         f = self.feature_dim
         cols = [pa.array(owned), pa.array(np.full(owned.size, p, np.int32)), pa.array(deg)]
         if f > 0:
-            feats, missing, dup = _place(g["features"], owned, 0.0, np.float32, f)
+            feats, missing, dup = _place(tables["features"], owned, 0.0, np.float32, f)
             yield from _stats("missing_features", missing.size, [f"vertex {v}" for v in missing[:SAMPLES]])
             yield from _stats("duplicate_features", dup.size, [f"vertex {v}" for v in dup[:SAMPLES]])
             cols.append(pa.FixedSizeListArray.from_arrays(pa.array(feats.reshape(-1), pa.float32()),
                                                           type=vertex_schema(f).field("features").type))
         labels = np.full(owned.size, -1, np.int32)
         if "labels" in self.tables:
-            labels, missing, dup = _place(g["labels"], owned, -1, np.int32)
+            labels, missing, dup = _place(tables["labels"], owned, -1, np.int32)
             yield from _stats("missing_labels", missing.size, [f"vertex {v}" for v in missing[:SAMPLES]])
             yield from _stats("duplicate_labels", dup.size, [f"vertex {v}" for v in dup[:SAMPLES]])
             if (labels >= 0).any():
                 yield pvalue.TaggedOutput("stats", Stat("max:label", int(labels.max())))
         if "splits" in self.tables:
-            codes, _, dup = _place(g["splits"], owned, SPLIT_CODES["none"], np.int8)   # no row: in no split
+            codes, _, dup = _place(tables["splits"], owned, SPLIT_CODES["none"], np.int8)   # no row: in no split
             yield from _stats("duplicate_splits", dup.size, [f"vertex {v}" for v in dup[:SAMPLES]])
         elif split is not None:
             codes = split[owned]
@@ -1104,6 +1117,9 @@ class BuildPartitions(beam.PTransform):
 # --- WriteEdgeShards -----------------------------------------------------------------------------------------------
 def _inverse_sqrt_degrees(columns, num_nodes: int) -> np.ndarray:
     ids, deg = columns
+    if ids.size != int(num_nodes) or np.unique(ids).size != ids.size:
+        raise RuntimeError(f"internal error: degrees of {ids.size} vertex entries for {num_nodes} vertices "
+                           f"(the runner lost or duplicated elements)")
     d = np.ones(int(num_nodes), np.float64)
     d[ids] = deg
     return 1.0 / np.sqrt(d)
@@ -1121,6 +1137,7 @@ class _WriteEdges(beam.DoFn):
                                       pa.array(weight)], schema=EDGE_SCHEMA)
         name = shard_name(p)
         meta = _write_table(table, os.path.join(self.root, "edges", name))
+        yield Stat("written:entries", table.num_rows)
         yield Stat("list:files", 1, {"kind": "edges", "partition": p, "path": f"edges/{name}", **meta})
 
 
@@ -1183,9 +1200,10 @@ def build(p: beam.Pipeline, cfg: Config, root: str) -> None:
     parts = {"edges": valid["edges"], "num_nodes": num_nodes} | "AssignPartitions" >> AssignPartitions(
         cfg.partitioner, cfg.partitions, cfg.assignment, cfg.seed)
     assignment = parts["assignment"]
-    entries = valid["edges"] | "Symmetrize" >> Symmetrize(assignment)
+    sym = valid["edges"] | "Symmetrize" >> Symmetrize(assignment)
+    entries = sym["entries"]
 
-    stats = [read["stats"], valid["stats"],
+    stats = [read["stats"], valid["stats"], sym["stats"],
              num_nodes | "NumNodesStat" >> beam.Map(lambda n: Stat("max:num_nodes", int(n)))]
     if parts["stats"] is not None:
         stats.append(parts["stats"])
@@ -1320,8 +1338,25 @@ ERROR_COUNTERS = (
 )
 
 
+def check_flow(stats: dict) -> None:
+    """Every element that left a stage arrived at the next one: RuntimeError if not. Counted pairs:
+    routed:X / grouped:X (edge entries, feature/label/split rows into the partition groups) and
+    deduped:entries / written:entries (unique entries into the edge shards)."""
+    count = {k: int(v[0]) for k, v in stats.items() if k.split(":", 1)[0] in ("routed", "grouped", "deduped",
+                                                                               "written")}
+    pairs = [(f"routed:{x}", f"grouped:{x}") for x in ("entries", "features", "labels", "splits")]
+    pairs.append(("deduped:entries", "written:entries"))
+    lost = [f"{a}={count.get(a, 0)} but {b}={count.get(b, 0)}"
+            for a, b in pairs if count.get(a, 0) != count.get(b, 0)]
+    if lost:
+        raise RuntimeError("internal error: the runner lost or duplicated elements between stages (" +
+                           "; ".join(lost) + "); with the DirectRunner, --workers > 1 is known to drop elements "
+                           "at scale in Beam 2.77: run with one worker or another runner")
+
+
 def check_stats(stats: dict, cfg: Config) -> None:
     """Raise DataError naming every problem the pipeline found (with examples)."""
+    check_flow(stats)
     problems = []
     for name, what in ERROR_COUNTERS:
         n, samples = stats.get(name, (0, []))
