@@ -67,7 +67,8 @@ def bench_ingest(bootstrap: str, args, cfg) -> None:
     with tempfile.TemporaryDirectory() as out:
         opts = StreamOptions(bootstrap=bootstrap, events_topic=topic, out=out, models_topic=f"{topic}-models",
                              round_interval_s=1.0, first_round_epochs=args.ingest_epochs,
-                             round_epochs=args.ingest_epochs, until_idle_s=2.0, num_classes=7, catch_up="skip")
+                             round_epochs=args.ingest_epochs, until_idle_s=2.0, num_classes=7, catch_up="skip",
+                             min_train_labels=1, min_train_classes=2)  # train from round 1: ingest vs training
         stream = Stream(opts, cfg)
         samples = []
         done = threading.Event()
@@ -144,12 +145,19 @@ def bench_lag(bootstrap: str, args, cfg) -> None:
         from pipelines.continuous.stream import read_applied
 
         applied = read_applied(out).to_pydict()
+        reasons = _dead_letter_reasons(bootstrap, f"{topic}.dlq") if res.get("counters", {}).get("dead_letters") \
+            else {}
     for r in rows:
         emit({"phase": "lag", "what": "round", **{k: r.get(k) for k in (
             "round", "final", "events", "nodes", "edges", "train_s", "round_s", "test_acc", "lag_s_min",
             "lag_s_p50", "lag_s_p95", "lag_s_max", "ingest_eps_during_training")}})
     # per-event lag from the journals, using the version time of the round that applied it
-    vt = {r["round"]: r.get("version_time_ms") for r in rows}
+    # the first model version containing an event: that of the first round at or after the one applying it
+    # which trained
+    vt, nxt = {}, None
+    for r in reversed(rows):
+        nxt = r.get("version_time_ms") or nxt
+        vt[r["round"]] = nxt
     slices_times = _event_times(graph, args, sent)
     lags, lags_nf = [], []
     final_round = rows[-1]["round"] if rows and rows[-1]["final"] else None
@@ -169,7 +177,34 @@ def bench_lag(bootstrap: str, args, cfg) -> None:
     emit({"phase": "lag", "what": "summary", "dataset": graph.name, "slices": args.lag_slices,
           "slice_s": args.lag_slice_s, "round_epochs": args.lag_round_epochs, "events": sent["events"],
           "rounds": res.get("rounds"), "final_test_acc": rows[-1].get("test_acc") if rows else None,
-          "lag_s": stats(lags), "lag_s_excluding_final_round": stats(lags_nf), "until_idle_s": until_idle})
+          "lag_s": stats(lags), "lag_s_excluding_final_round": stats(lags_nf), "until_idle_s": until_idle,
+          "counters": res.get("counters"), "dead_letter_reasons": reasons})
+
+
+def _dead_letter_reasons(bootstrap: str, topic: str) -> dict:
+    """Dead letters by reason (first words), read back from the dead-letter topic."""
+    import collections
+
+    import pyarrow as pa
+    from kafka import TopicPartition
+
+    from pipelines.continuous import kafka_io
+
+    c = kafka_io.consumer(bootstrap)
+    tp = TopicPartition(topic, 0)
+    c.assign([tp])
+    c.seek_to_beginning(tp)
+    out = collections.Counter()
+    for msgs in c.poll(timeout_ms=3000).values():
+        for m in msgs:
+            h = dict(m.headers)
+            if h.get("dorylus.kind") == b"events":
+                for r in pa.ipc.open_stream(m.value).read_all().column("reason").to_pylist():
+                    out[" ".join(r.split(" ")[:2])] += 1
+            else:
+                out[h.get("dorylus.reason", b"?").decode()[:60]] += 1
+    c.close()
+    return dict(out)
 
 
 def _event_times(graph, args, sent) -> dict:

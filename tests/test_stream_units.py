@@ -148,19 +148,32 @@ def test_replay_slices_rebuild_the_dataset():
 # ------------------------------------------------------------------------------------------------ watermarks
 def test_watermark_min_over_partitions_and_lateness():
     wm = WatermarkTracker(lateness_ms=100)
-    assert wm.watermark([0, 1]) == NO_TIME  # nothing read, partitions not known to be empty
+    assert wm.watermark([0, 1]) == NO_TIME  # nothing read
     wm.observe(0, 5000)
-    assert wm.watermark([0, 1]) == NO_TIME  # partition 1 has unread records
     wm.set_caught_up(1, True)
-    assert wm.watermark([0, 1]) == 4900  # partition 1 is empty: it does not hold the watermark
+    assert wm.watermark([0, 1]) == NO_TIME  # partition 1 has no event yet: its first one may be the oldest
     wm.observe(1, 3000)
     wm.observe(1, 2000)  # out of order: the max stays
     assert wm.watermark([0, 1]) == 2900
     idle = WatermarkTracker(idle_s=0.0)
     idle.observe(0, 9000)
-    idle.observe(1, 1000)
     idle.set_caught_up(1, True)
-    assert idle.watermark([0, 1]) == 9000  # the caught-up, silent partition is idle
+    assert idle.watermark([0, 1]) == 9000  # an empty, caught-up partition is idle after idle_s
+    idle.observe(1, 1000)
+    assert idle.watermark([0, 1]) == 9000  # and so is a caught-up, silent one
+    idle.set_caught_up(1, False)
+    assert idle.watermark([0, 1]) == 9000  # unread records hold it again, but it never goes back
+    idle.observe(0, 9500)
+    assert idle.watermark([0, 1]) == 9000
+    idle.observe(1, 9700)
+    assert idle.watermark([0, 1]) == 9500
+    idle.set_caught_up(0, True)
+    idle.set_caught_up(1, True)
+    assert idle.watermark([0, 1]) == 9500  # everything idle: it stays
+    slow = WatermarkTracker(idle_s=3600.0)
+    slow.observe(0, 9000)
+    slow.set_caught_up(1, True)
+    assert slow.watermark([0, 1]) == NO_TIME  # not idle long enough
 
 
 def test_round_cuts():

@@ -45,8 +45,10 @@ def _stream_flags(p) -> None:
                         "the watermark has passed (default 60)")
     g.add_argument("--allowed-lateness", type=float, default=0.0,
                    help="seconds the watermark trails the largest event time (default 0)")
-    g.add_argument("--idle-partition", type=float,
-                   help="a caught-up topic partition silent this many seconds stops holding the watermark back")
+    g.add_argument("--idle-partition", type=float, default=30.0,
+                   help="a caught-up topic partition silent this many wall seconds stops holding the watermark "
+                        "back, so an empty partition does not stall rounds (default 30; its later events may be "
+                        "late); 0 disables")
     g.add_argument("--catch-up", choices=["windows", "skip"], default="windows",
                    help="behind the watermark: one window per round (windows) or jump to the latest (skip)")
     g.add_argument("--round-epochs", type=int, default=50, help="epochs of each warm-started round (default 50)")
@@ -76,7 +78,7 @@ def cmd_stream(args) -> int:
     opts = StreamOptions(bootstrap=args.bootstrap, events_topic=args.events, out=args.out,
                          models_topic=args.models_topic, dead_letter_topic=args.dead_letter_topic,
                          round_interval_s=args.round_interval, lateness_s=args.allowed_lateness,
-                         idle_partition_s=args.idle_partition, catch_up=args.catch_up,
+                         idle_partition_s=args.idle_partition or None, catch_up=args.catch_up,
                          round_epochs=args.round_epochs, until_idle_s=args.until_idle,
                          num_classes=args.num_classes, feature_dim=args.feature_dim,
                          min_train_labels=args.min_train_labels, min_train_classes=args.min_train_classes,

@@ -65,6 +65,7 @@ class StreamOptions:
     round_interval_s: float = 60.0           # event-time window of a round
     lateness_s: float = 0.0                  # allowed lateness (the watermark trails the max event time by this)
     idle_partition_s: float | None = None    # skip caught-up partitions silent this long (wall) in the watermark
+                                             # (None: a partition holds it until its first event; CLI: 30 s)
     catch_up: str = "windows"                # windows | skip
     round_epochs: int = 50                   # epochs of a warm-started round
     first_round_epochs: int | None = None    # epochs of the first (cold) round; default cfg.epochs
@@ -141,6 +142,7 @@ class Stream:
         self.on_round = None  # callback(row) after each round's checkpoint
         self.last_round_end = time.monotonic()  # the idle clock restarts after a round (training is not idling)
         self.training = False  # True while a round trains (benchmarks sample ingest against it)
+        self._unversioned: list[np.ndarray] = []  # times of applied events no model version contains yet
 
     # ------------------------------------------------------------------------------------------- lifecycle
     def stop(self) -> None:
@@ -441,7 +443,11 @@ class Stream:
             self.version += 1
             version_ms = int(time.time() * 1000)
             info = self._write_version(best, version_ms, k, cut, graph)
-            lag = (version_ms - times[outcome == 0]) / 1000.0 if (outcome == 0).any() else np.zeros(0)
+            # lag: from each event's time to this version, the first that contains it (events applied by
+            # rounds that did not train wait for this one)
+            waiting = np.concatenate(self._unversioned + [times[outcome == 0]])
+            self._unversioned = []
+            lag = (version_ms - waiting) / 1000.0
             row.update({"version": self.version, "engine": engine, "epochs": len(result.history),
                         "train_s": train_s, "val_acc": float(acc.get("best_val_acc", acc.get("val_acc", 0.0))),
                         "test_acc": float(acc["test_acc"]), "train_acc": float(acc["train_acc"]),
@@ -455,6 +461,7 @@ class Stream:
             trained = True
         else:
             row.update({"version": self.version if self.version else None, "engine": None})
+            self._unversioned.append(times[outcome == 0])
         self.round = k
         with self.lock:
             row.update({f"{k_}_total": v for k_, v in self.counters.items()})
