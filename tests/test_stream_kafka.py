@@ -1,6 +1,5 @@
 """Continuous training against a real Kafka broker: Cora streamed in 10 slices reaches batch accuracy; bad events
 go to the dead-letter topic and never stop the stream; late events are applied by the next round."""
-import dataclasses
 import json
 import threading
 import time
@@ -12,7 +11,7 @@ import pytest
 
 from pipelines.config import TrainConfig
 from pipelines.continuous import kafka_io
-from pipelines.continuous.replay import dataset_slices, replay
+from pipelines.continuous.replay import replay
 from pipelines.continuous.stream import Stream, StreamOptions, read_applied
 from schemas import decode_control
 from schemas.events import encode_events, events_batch
