@@ -219,11 +219,29 @@ def _extra_commands():
     return regs
 
 
+def _configure_logging() -> None:
+    """``DORYLUS_LOG_LEVEL`` (e.g. DEBUG, or ``kafka=DEBUG,pipelines=INFO``) turns on library logging to stderr."""
+    import logging
+    import os
+
+    spec = os.environ.get("DORYLUS_LOG_LEVEL", "").strip()
+    if not spec:
+        return
+    logging.basicConfig(format="%(asctime)s %(threadName)s %(name)s %(levelname)s %(message)s")
+    for part in spec.split(","):
+        name, _, level = part.rpartition("=")
+        try:
+            logging.getLogger(name or None).setLevel(level.strip().upper())
+        except ValueError:
+            raise SystemExit(f"dorylus: error: DORYLUS_LOG_LEVEL: unknown level {level!r}")
+
+
 def main(argv: list[str] | None = None) -> int:
     from pipelines.data.graph import DataError
     from pipelines.engine.messages import EngineError
     from pipelines.transports.base import TransportError
 
+    _configure_logging()
     try:
         args = build_parser().parse_args(argv)
         return int(args.func(args) or 0)

@@ -70,7 +70,8 @@ def role_commands(config_path: str | Path, bootstrap: str, run_id: str, *, out: 
     for p in range(partitions):
         cmds[f"graph-server-{p}"] = entry + ["graph-server", "--partition", str(p), *common]
     for k in range(workers):
-        cmds[f"tensor-worker-{k}"] = entry + ["tensor-worker", "--worker-id", str(k), *common]
+        cmds[f"tensor-worker-{k}"] = entry + ["tensor-worker", "--worker-id", str(k), "--workers", str(workers),
+                                              *common]
     return cmds
 
 

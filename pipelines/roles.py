@@ -146,7 +146,9 @@ def _setup(args, role: str):
     cfg = build_config(load_toml(args.config), {"bootstrap": args.bootstrap, "data_dir": args.data_dir})
     bootstrap = cfg.bootstrap
     graph = load_dataset(cfg.dataset, cfg.data_dir, seed=cfg.seed)
-    t = KafkaTransport(bootstrap, args.run_id, cfg.partitions, linger_consumers=True, client_id=role)
+    share = (args.worker_id, args.workers) if hasattr(args, "worker_id") else (0, 1)
+    t = KafkaTransport(bootstrap, args.run_id, cfg.partitions, linger_consumers=True, client_id=role,
+                       work_share=share)
     return cfg, graph, t
 
 
@@ -301,7 +303,12 @@ def cmd_tensor_worker(args) -> int:
     from pipelines.engine.runner import build_tensor_workers
     from pipelines.transports.kafka import worker_control_partition
 
+    from pipelines.config import ConfigError
+
     k = args.worker_id
+    if not 0 <= k < args.workers:
+        raise ConfigError(f"tensor-worker: --worker-id {k} must be in 0..{args.workers - 1} (--workers "
+                          f"{args.workers})")
     role = f"tensor-worker-{k}"
 
     def body(cfg, graph, t):
@@ -352,6 +359,10 @@ def register(subparsers) -> None:
     _common(p)
     p.set_defaults(func=cmd_param_server)
     w = subparsers.add_parser("tensor-worker", help="run a tensor-worker pool as a process on Kafka")
-    w.add_argument("--worker-id", type=int, default=0)
+    w.add_argument("--worker-id", type=int, default=0,
+                   help="this process's index k among the run's tensor-worker processes (0-based)")
+    w.add_argument("--workers", type=int, default=1,
+                   help="how many tensor-worker processes the run has, W: process k reads the tensor tasks of "
+                        "the graph servers p with p mod W = k")
     _common(w)
     w.set_defaults(func=cmd_tensor_worker)

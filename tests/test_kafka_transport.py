@@ -72,6 +72,42 @@ def test_channels_groups_and_the_tensor_work_queue(kafka_bootstrap):
         t.close()
 
 
+def test_work_queue_members_read_their_share_from_the_first_zero_timeout_poll(kafka_bootstrap):
+    # Regression: with Kafka group membership (kafka-python 3.0) a member whose join completed between two
+    # zero-timeout polls lost its assignment and fetched nothing until its session expired; tensor workers
+    # stalled the run at epoch 0. Each process now reads a static share of the partitions.
+    run = _run_id("share")
+    t = KafkaTransport(kafka_bootstrap, run, 3)
+    try:
+        for p in range(3):
+            for i in range(3):
+                t.send(M.TENSOR_TASKS, 0, _task(p, i))  # one work-queue channel, spread by the sending server
+        t.flush()
+        everything = [(p, i) for p in range(3) for i in range(3)]
+        for g in range(4):  # each group a fresh reader
+            member = t.consumer([(M.TENSOR_TASKS, 0)], group=f"workers-{g}")
+            got, deadline = [], time.monotonic() + 40
+            while len(got) < 9 and time.monotonic() < deadline:
+                got += member.poll(0.0)
+                member.commit()
+            assert sorted((m.partition, m.interval) for m in got) == everything, g
+        # two worker processes, W = 2: process 0 reads graph servers 0 and 2, process 1 reads graph server 1
+        shares = {}
+        for k in range(2):
+            tk = KafkaTransport(kafka_bootstrap, run, 3, work_share=(k, 2), create_topics=False)
+            try:
+                got = _poll_n(tk.consumer([(M.TENSOR_TASKS, 0)], group="pair"), 6 if k == 0 else 3, timeout=20)
+                shares[k] = sorted((m.partition, m.interval) for m in got)
+            finally:
+                tk.close()
+        assert shares[0] == [(p, i) for p in (0, 2) for i in range(3)]
+        assert shares[1] == [(1, i) for i in range(3)]
+        with pytest.raises(TransportError, match="work share 2 of 2"):
+            KafkaTransport(kafka_bootstrap, run, 3, work_share=(2, 2), create_topics=False)
+    finally:
+        t.close()
+
+
 def test_a_group_resumes_after_the_last_commit(kafka_bootstrap):
     run = _run_id("commit")
     t = KafkaTransport(kafka_bootstrap, run, 1)

@@ -9,9 +9,9 @@ id: the channels a graph server sends to or reads from (``tensor``, ``tensor.out
 ``watermarks``) have P partitions; ``control`` has P + 1 (partition P addresses the tensor workers); ``grads``,
 ``weights``, ``metrics`` and ``dead-letter`` have one. The engine's tensor-task channel is one logical channel (a
 work queue: graph servers send every task to channel 0); its topic has P partitions and a task goes to the
-partition of the graph server that sent it, so tensor-worker processes in one consumer group split the graph
-servers between them. A resumed run writes to fresh topics: its run id is the
-first one's plus ``-r<n>`` (see `pipelines.launch`). Record keys are the interval (decimal ASCII, ``-1`` where
+partition of the graph server that sent it, so tensor-worker processes split the graph servers between them:
+worker k of W reads the partitions p with p mod W = k (``work_share``). A resumed run writes to fresh topics:
+its run id is the first one's plus ``-r<n>`` (see `pipelines.launch`). Record keys are the interval (decimal ASCII, ``-1`` where
 none) and headers name the task (``dorylus.kind``, ``.epoch``, ``.stage``, ``.interval``); values are Arrow IPC
 streams (`pipelines.transports.codec`) that any Arrow reader decodes.
 
@@ -20,9 +20,11 @@ Delivery
 Producer: ``acks=all``, idempotent, unbounded retries within ``delivery_timeout_ms``, so a broker restart loses
 and duplicates nothing; a delivery that finally fails makes the next ``send``/``flush`` raise. Consumers commit
 offsets only in ``commit()``, which the engine calls after it has handled a poll's messages (at-least-once; the
-engine discards duplicates). A group that reads only the tensor-task channel (the tensor workers) is a Kafka
-consumer group with partition assignment, shared in-process by the pool's threads; every other reader assigns
-itself its partitions. Values that do not decode (corrupt bytes, a schema that is not the engine's, another run's
+engine discards duplicates). A group that reads only the tensor-task channel (the tensor workers) is one Kafka
+consumer per process, shared by the pool's threads; every reader assigns itself its partitions. No reader uses
+Kafka's group membership (subscribe/rebalance): kafka-python 3.0 can drop an assignment that a rebalance
+completes between two short polls, leaving a member idle until its session expires, and a static share is all
+a run with a fixed set of processes needs (a process that dies fails the run; ``--resume`` restarts it). Values that do not decode (corrupt bytes, a schema that is not the engine's, another run's
 message) go to the dead-letter topic with the reason in the headers and are counted, never handed to the engine.
 
 Sizes
@@ -49,7 +51,7 @@ from pipelines.transports.base import Consumer, Transport, TransportError
 
 DEAD_LETTER = "dead-letter"
 SINGLE_PARTITION = (M.GRADS, M.WEIGHTS, M.METRICS)
-#: kinds read by work-sharing groups (Kafka partition assignment); every other reader assigns its partitions.
+#: kinds read by work-sharing groups (each process its static share of the partitions, see ``work_share``).
 #: Their one engine channel spreads over P Kafka partitions, by the sending graph server.
 BALANCED_KINDS = (M.TENSOR_TASKS,)
 DEFAULT_MAX_MESSAGE_BYTES = 64 * 2**20
@@ -127,7 +129,7 @@ class KafkaTransport(Transport):
                  max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES, connect_timeout_s: float = 10.0,
                  create_topics: bool = True, replication_factor: int = 1, client_id: str = "dorylus",
                  linger_consumers: bool = False, commit_interval_s: float = 0.5,
-                 delivery_timeout_s: float = 600.0):
+                 delivery_timeout_s: float = 600.0, work_share: tuple[int, int] = (0, 1)):
         kafka = _import_kafka()
         self.bootstrap = bootstrap
         self.run_id = check_run_id(run_id)
@@ -139,6 +141,10 @@ class KafkaTransport(Transport):
         self.linger_consumers = linger_consumers
         self.commit_interval_s = commit_interval_s
         self.connect_timeout_s = connect_timeout_s
+        k, w = (int(v) for v in work_share)
+        if not (w >= 1 and 0 <= k < w):
+            raise TransportError(f"work share {k} of {w}: need 0 <= member < members")
+        self.work_share = (k, w)
         self._lock = threading.Lock()
         self._error: BaseException | None = None
         self._sent = collections.Counter()       # (kind, p) -> sends issued
@@ -147,7 +153,7 @@ class KafkaTransport(Transport):
         self._payload_bytes = collections.Counter()  # kind -> array bytes (before encoding) acknowledged
         self._failed = collections.Counter()     # (kind, p) -> deliveries that failed for good
         self._consumed = collections.Counter()   # (kind, p, group) -> distinct messages handed to the engine
-        self._redelivered = collections.Counter()  # (kind, p, group) -> messages handed over again (rebalance)
+        self._redelivered = collections.Counter()  # (kind, p, group) -> messages handed over again
         self._high: dict = {}                    # (topic, p, group) -> offset after the highest delivered
         self._dl_reader = None
         self._dead = collections.Counter()       # (kind, p) -> values sent to the dead-letter topic
@@ -300,7 +306,7 @@ class KafkaTransport(Transport):
             with self._lock:
                 again = rec.offset < self._high.get(key, 0)
                 self._high[key] = max(self._high.get(key, 0), rec.offset + 1)
-            if again:  # offsets reset to the last commit (a rebalance): the engine discards the duplicates
+            if again:  # read again from the last commit (a reconnect): the engine discards the duplicates
                 with self._lock:
                     self._redelivered[(kind, rec.partition, g)] += 1
             try:
@@ -377,7 +383,7 @@ class KafkaTransport(Transport):
     def stats(self) -> dict:
         """Per kind: messages and value bytes the broker acknowledged; per channel (``kind/partition``): messages
         produced (acknowledged) and consumed by each group (distinct offsets; ``redelivered`` counts those handed
-        over again after a rebalance); dead letters and failed deliveries."""
+        over again after a reconnect); dead letters and failed deliveries."""
         with self._lock:
             channels: dict[str, dict] = {}
             for (kind, p), n in self._acked.items():
@@ -541,12 +547,14 @@ class _AssignedConsumer(Consumer):
 
 
 class _SharedGroup:
-    """One Kafka group member per process for a work-sharing group, handing records to in-process members.
+    """One Kafka consumer per process for a work-sharing group, handing records to in-process members.
 
-    Offsets are committed up to the first record a member has taken but not yet committed, so a record is never
-    marked consumed before the member that took it has handled it."""
+    The process reads its static share of the work-queue partitions (``KafkaTransport.work_share``). Offsets
+    are committed up to the first record a member has taken but not yet committed, so a record is never marked
+    consumed before the member that took it has handled it."""
 
     def __init__(self, transport: KafkaTransport, kinds: list[str], group: str):
+        kafka = _import_kafka()
         self.t = transport
         self.group = group
         self.kc = transport._new_kafka_consumer(group)
@@ -557,23 +565,13 @@ class _SharedGroup:
         self.committed: dict = {}
         self._last_commit = 0.0
         self._gone = False
-        from kafka import ConsumerRebalanceListener
-
-        shared = self
-
-        class Listener(ConsumerRebalanceListener):
-            def on_partitions_revoked(self, revoked):
-                shared._commit_locked(sync=True)
-                gone = set(revoked)
-                shared.buffer = collections.deque(r for r in shared.buffer if r[0] not in gone)
-                for tp in gone:
-                    shared.next_offset.pop(tp, None)
-                    shared.outstanding.pop(tp, None)
-
-            def on_partitions_assigned(self, assigned):
-                pass
-
-        self.kc.subscribe([transport.topic(k) for k in kinds], listener=Listener())
+        k, w = transport.work_share
+        self.tps = [kafka.TopicPartition(transport.topic(kind), p) for kind in kinds
+                    for p in range(topic_partitions(kind, transport.partitions)) if p % w == k]
+        if not self.tps:
+            print(f"dorylus: warning: work-queue member {k} of {w} has no partition to read (the run has "
+                  f"{transport.partitions} graph servers)", file=sys.stderr)
+        self.kc.assign(self.tps)
 
     def take(self, timeout: float, max_messages: int, member) -> list[Message]:
         deadline = time.monotonic() + timeout
@@ -636,14 +634,8 @@ class _SharedGroup:
         with self.lock:
             if self._gone:
                 return
-            no_assignment_until = min(deadline, time.monotonic() + 10.0)
-            while time.monotonic() < deadline:
-                tps = list(self.kc.assignment())
-                if not tps:  # rejoining the group (after a broker restart), or none of its partitions are ours
-                    if time.monotonic() > no_assignment_until:
-                        break
-                    self.kc.poll(timeout_ms=200)
-                    continue
+            tps = self.tps
+            while tps and time.monotonic() < deadline:
                 end = self.kc.end_offsets(tps)
                 if all(self.kc.position(tp) >= end[tp] for tp in tps) and not self.buffer:
                     break
