@@ -28,11 +28,16 @@ can drop repeats).
 Files in OUT: ``checkpoint.npz``, ``models/model-NNNNNN.npz`` (+ ``models/latest.json``), ``metrics.jsonl`` (one
 row per round), ``applied/round-NNNNNN.arrow`` (event ids applied by each round and their outcome),
 ``status.json`` (progress, rewritten every second), ``summary.json`` (at exit).
+
+Crash tests: with ``DORYLUS_FAULT_KILL_AFTER_ROUND=R`` in the environment the process SIGKILLs itself as soon as
+it has read events that no checkpoint covers yet after writing the checkpoint of round R or later: a crash at the
+one moment that proves exactly-once, every time (an outside SIGKILL can only hope to land in that window).
 """
 from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import signal
 import threading
 import time
@@ -138,6 +143,12 @@ class Stream:
         self.last_row: dict | None = None
         self._producer = None
         self._ingest_thread: threading.Thread | None = None
+        kill = os.environ.get("DORYLUS_FAULT_KILL_AFTER_ROUND", "").strip()
+        try:
+            self._kill_after_round = int(kill) if kill else None
+        except ValueError:
+            raise ConfigError(f"DORYLUS_FAULT_KILL_AFTER_ROUND={kill!r}: expected a round number") from None
+        self._saved: tuple[int, dict] | None = None  # (round, positions) of the last checkpoint on disk
         self.t_start = time.monotonic()
         self.on_round = None  # callback(row) after each round's checkpoint
         self.last_round_end = time.monotonic()  # the idle clock restarts after a round (training is not idling)
@@ -239,6 +250,8 @@ class Stream:
                 for tp, msgs in recs.items():
                     for m in msgs:
                         self._take(tp.partition, m.offset, m.value)
+                if recs and self._kill_after_round is not None:
+                    self._maybe_fault_kill()
                 if not recs or time.monotonic() - last_ends > 0.25:
                     ends = c.end_offsets(tps)
                     with self.lock:
@@ -255,6 +268,14 @@ class Stream:
         finally:
             if c is not None:
                 c.close()
+
+    def _maybe_fault_kill(self) -> None:
+        with self.lock:
+            saved = self._saved
+            if saved is None or saved[0] < self._kill_after_round:
+                return
+            if any(v > saved[1].get(p, -1) for p, v in self.positions.items()):
+                os.kill(os.getpid(), signal.SIGKILL)
 
     def _take(self, p: int, offset: int, value: bytes) -> None:
         source = f"{self.opts.events_topic}/{p}/{offset}"
@@ -586,6 +607,8 @@ class Stream:
         self._producer.flush(timeout=60)
         ckpt.save(self.out, meta=meta, params=self.params, opt_leaves=self.opt_leaves,
                   graph=self.graph.arrays(), pending=pending, seen=seen)
+        with self.lock:
+            self._saved = (meta["round"], {int(k): v for k, v in meta["positions"].items()})
 
     def _resume(self) -> bool:
         state = ckpt.load(self.out)
