@@ -219,6 +219,8 @@ def role_templates(bootstrap: str, run_id: str, partitions: int) -> dict[str, li
     templates = {"graph-server": _parametrize(cmds, "graph-server", "--partition", partitions),
                  "tensor-worker": _parametrize(cmds, "tensor-worker", "--worker-id", partitions),
                  "param-server": cmds.pop("param-server")}
+    tw = templates["tensor-worker"]  # one tensor worker per graph-server instance: W is the instance count
+    tw[tw.index("--workers") + 1] = NUM_PARTITIONS_VAR
     if cmds:
         raise ConfigError(f"role_commands returned roles that no instance runs: {', '.join(sorted(cmds))}")
     templates["driver"] = ENTRY + ["train", "--config", INSTANCE_CONFIG, "--transport", "kafka",

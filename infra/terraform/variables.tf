@@ -409,7 +409,7 @@ variable "graph_server_command" {
 variable "tensor_worker_command" {
   type        = string
   description = "Command line of the tensor-worker process that runs beside the graph server on each graph-server instance (its own container and systemd unit): it takes that server's tensor tasks from Kafka and runs them on the Lambda function (or a local pool, as the config says). Empty runs none. `dorylus deploy render` generates it."
-  default     = "dorylus tensor-worker --worker-id \"$PARTITION\" --config /etc/dorylus/config.toml --bootstrap \"$DORYLUS_BOOTSTRAP\" --run-id \"$DORYLUS_RUN_ID\" --out \"/var/lib/dorylus/runs/$DORYLUS_RUN_ID\""
+  default     = "dorylus tensor-worker --worker-id \"$PARTITION\" --workers \"$NUM_PARTITIONS\" --config /etc/dorylus/config.toml --bootstrap \"$DORYLUS_BOOTSTRAP\" --run-id \"$DORYLUS_RUN_ID\" --out \"/var/lib/dorylus/runs/$DORYLUS_RUN_ID\""
 
   validation {
     condition     = var.tensor_worker_command == "" || (startswith(trimspace(var.tensor_worker_command), "dorylus ") && !strcontains(var.tensor_worker_command, "\n"))
