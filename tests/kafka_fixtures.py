@@ -13,6 +13,16 @@ Use in a test module::
 tests do not own), else the bootstrap of a single-node Apache Kafka broker that ``infra/local/kafka.sh`` starts
 for this test session (in a private state dir, on a free port) and stops at the end of the session.
 
+``kafka_scram`` (session scope, started only when a test asks for it) is a second broker that behaves like Amazon
+MSK with SASL/SCRAM (``kafka.sh start --scram``): its client port is SASL_SSL with mechanism SCRAM-SHA-512 and a
+self-signed certificate for 127.0.0.1/localhost. The fixture returns the broker's ``client.json``::
+
+    {"bootstrap": "127.0.0.1:PORT", "security_protocol": "SASL_SSL", "sasl_mechanism": "SCRAM-SHA-512",
+     "username": "dorylus", "password": "<random>", "cafile": "/abs/path/tls/ca.pem"}
+
+i.e. kafka-python's ``security_protocol``, ``sasl_mechanism``, ``sasl_plain_username``, ``sasl_plain_password``
+and ``ssl_cafile``.
+
 Fault tests stop and start that broker mid-test with ``restart_broker()`` (data dir and port kept), or with
 ``stop_broker()`` / ``start_broker()`` to observe the outage in between. Against an external broker these
 helpers skip the test. Where Java is missing, or the jars are not cached and mvn is missing, tests that use
@@ -21,7 +31,9 @@ the fixture skip (set ``DORYLUS_KAFKA_REQUIRED=1`` to make that an error instead
 
 from __future__ import annotations
 
+import json
 import os
+import secrets
 import shutil
 import subprocess
 import sys
@@ -39,6 +51,7 @@ __all__ = [
     "KAFKA_SH",
     "LocalKafka",
     "kafka_bootstrap",
+    "kafka_scram",
     "local_broker",
     "restart_broker",
     "start_broker",
@@ -47,19 +60,26 @@ __all__ = [
 
 
 class KafkaUnavailable(RuntimeError):
-    """Kafka cannot be started on this machine (no Java, or no jars and no mvn)."""
+    """Kafka cannot be started on this machine (no Java, or no jars and no mvn; no keytool for SCRAM)."""
 
 
 class LocalKafka:
-    """One broker started by ``infra/local/kafka.sh`` in its own state dir."""
+    """One broker started by ``infra/local/kafka.sh`` in its own state dir.
+
+    With ``scram="USER:PASSWORD"`` it is the MSK-like SASL_SSL/SCRAM-SHA-512 broker (``kafka.sh start --scram``);
+    after ``start()``, ``client`` holds its parsed ``client.json`` (bootstrap, security_protocol, sasl_mechanism,
+    username, password, cafile).
+    """
 
     def __init__(self, state_dir: str | os.PathLike | None = None, port: int | None = None,
-                 start_timeout_s: float = 180.0):
+                 start_timeout_s: float = 180.0, scram: str | None = None):
         self._own_state_dir = state_dir is None
         self.state_dir = Path(state_dir or tempfile.mkdtemp(prefix="dorylus-kafka-"))
         self.port = port
         self.start_timeout_s = start_timeout_s
+        self.scram = scram
         self.bootstrap: str | None = None
+        self.client: dict | None = None  # client.json of a SCRAM broker
         self.startup_s: float | None = None  # wall time of the last start (fetch included when it fetched)
 
     def _run(self, *args: str, timeout: float) -> str:
@@ -81,11 +101,17 @@ class LocalKafka:
         args = ["start", "--owner-pid", str(os.getpid()), "--timeout", str(int(self.start_timeout_s))]
         if self.port:
             args += ["--port", str(self.port)]
+        if self.scram:
+            if shutil.which("keytool") is None:
+                raise KafkaUnavailable("keytool not found on PATH (needed for the SCRAM broker's certificate)")
+            args += ["--scram", self.scram]
         t0 = time.monotonic()
         out = self._run(*args, timeout=self.start_timeout_s + 300)
         self.startup_s = time.monotonic() - t0
         self.bootstrap = out.strip().splitlines()[-1]
         self.port = int(self.bootstrap.rsplit(":", 1)[1])
+        if self.scram:
+            self.client = json.loads((self.state_dir / "client.json").read_text())
         return self.bootstrap
 
     def stop(self, keep_data: bool = False, timeout_s: float = 30.0) -> None:
@@ -114,9 +140,11 @@ class LocalKafka:
                 shutil.rmtree(self.state_dir, ignore_errors=True)
 
 
-def _check_can_start() -> None:
+def _check_can_start(scram: bool = False) -> None:
     if shutil.which("java") is None:
         raise KafkaUnavailable("java not found on PATH")
+    if scram and shutil.which("keytool") is None:
+        raise KafkaUnavailable("keytool not found on PATH (needed for the SCRAM broker's certificate)")
     cache = Path(os.environ["DORYLUS_CACHE"]) / "kafka" if os.environ.get("DORYLUS_CACHE") else REPO / ".cache" / "kafka"
     version = os.environ.get("DORYLUS_KAFKA_VERSION", "4.1.2")
     if not (cache / version / "jars" / ".complete").exists() and shutil.which("mvn") is None:
@@ -180,6 +208,54 @@ def kafka_bootstrap() -> str:
         yield bootstrap
     finally:
         _release()
+
+
+# The SCRAM broker: a second one, started only when a test asks for ``kafka_scram``, shared the same way.
+_scram_broker: LocalKafka | None = None
+_scram_refs = 0
+
+
+def _acquire_scram() -> dict:
+    global _scram_broker, _scram_refs
+    with _lock:
+        if _scram_broker is None:
+            _check_can_start(scram=True)
+            broker = LocalKafka(scram=f"dorylus:{secrets.token_urlsafe(18)}")
+            try:
+                broker.start()
+            except BaseException:
+                broker.close()
+                raise
+            print(f"\n[kafka_fixtures] started SASL_SSL/SCRAM-SHA-512 Kafka at {broker.bootstrap} in "
+                  f"{broker.startup_s:.1f}s (state {broker.state_dir})", file=sys.stderr)
+            _scram_broker = broker
+        _scram_refs += 1
+        return dict(_scram_broker.client)  # type: ignore[arg-type]
+
+
+def _release_scram() -> None:
+    global _scram_broker, _scram_refs
+    with _lock:
+        _scram_refs -= 1
+        if _scram_refs <= 0 and _scram_broker is not None:
+            broker, _scram_broker, _scram_refs = _scram_broker, None, 0
+            broker.close()
+
+
+@pytest.fixture(scope="session")
+def kafka_scram() -> dict:
+    """An MSK-like SASL_SSL/SCRAM-SHA-512 broker for this test session: its client.json as a dict
+    (bootstrap, security_protocol, sasl_mechanism, username, password, cafile)."""
+    try:
+        client = _acquire_scram()
+    except KafkaUnavailable as e:
+        if os.environ.get("DORYLUS_KAFKA_REQUIRED") == "1":
+            raise
+        pytest.skip(f"no SASL_SSL/SCRAM Kafka broker: {e}")
+    try:
+        yield client
+    finally:
+        _release_scram()
 
 
 def _managed() -> LocalKafka:

@@ -1,9 +1,12 @@
-"""The local Apache Kafka broker (infra/local/kafka.sh) works with kafka-python, and survives a restart."""
+"""The local Apache Kafka broker (infra/local/kafka.sh) works with kafka-python, and survives a restart;
+its MSK-like mode (SASL_SSL + SCRAM-SHA-512) authenticates and encrypts."""
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
+import time
 import uuid
 
 import pytest
@@ -11,8 +14,15 @@ import pytest
 kafka = pytest.importorskip("kafka")
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition  # noqa: E402
 from kafka.admin import NewTopic  # noqa: E402
+from kafka.errors import KafkaError, SaslAuthenticationFailedError  # noqa: E402
 
-from tests.kafka_fixtures import KAFKA_SH, kafka_bootstrap, local_broker, restart_broker  # noqa: E402,F401
+from tests.kafka_fixtures import (  # noqa: E402,F401
+    KAFKA_SH,
+    kafka_bootstrap,
+    kafka_scram,
+    local_broker,
+    restart_broker,
+)
 
 pytestmark = pytest.mark.kafka
 
@@ -169,3 +179,65 @@ def test_restart_keeps_committed_data(kafka_bootstrap):
         consumer.close()
     assert len(rest) == 100
     assert sorted(int(m.value[1:]) for m in rest) == sorted(i for i in range(200) if i // 2 >= 50)
+
+
+def test_sasl_ssl_scram_broker(kafka_scram, caplog):
+    """MSK-like broker: SCRAM-SHA-512 over TLS works; a wrong password and a plaintext client are refused."""
+    boot = kafka_scram["bootstrap"]
+    assert kafka_scram["security_protocol"] == "SASL_SSL" and kafka_scram["sasl_mechanism"] == "SCRAM-SHA-512"
+    sec = dict(security_protocol="SASL_SSL", sasl_mechanism="SCRAM-SHA-512",
+               sasl_plain_username=kafka_scram["username"], sasl_plain_password=kafka_scram["password"],
+               ssl_cafile=kafka_scram["cafile"])
+    limits = dict(bootstrap_timeout_ms=20000, request_timeout_ms=20000)
+    name = _topic("scram")
+    admin = KafkaAdminClient(bootstrap_servers=boot, **limits, **sec)
+    try:
+        admin.create_topics([NewTopic(name, num_partitions=2, replication_factor=1)])
+        assert name in admin.list_topics()
+    finally:
+        admin.close()
+    producer = KafkaProducer(bootstrap_servers=boot, acks="all", max_block_ms=20000, **limits, **sec)
+    try:
+        for i in range(10):
+            producer.send(name, value=f"s{i}".encode(), partition=i % 2)
+        producer.flush(timeout=30)
+    finally:
+        producer.close(timeout=10)
+    consumer = KafkaConsumer(name, bootstrap_servers=boot, auto_offset_reset="earliest", enable_auto_commit=False,
+                             consumer_timeout_ms=20000, **limits, **sec)
+    got = []
+    try:
+        for msg in consumer:
+            got.append(msg.value)
+            if len(got) >= 10:
+                break
+    finally:
+        consumer.close()
+    assert sorted(got) == sorted(f"s{i}".encode() for i in range(10))
+
+    # a wrong password: the broker refuses the SASL handshake; kafka-python logs SaslAuthenticationFailedError
+    # for each bootstrap attempt and gives up when bootstrap_timeout_ms is over
+    caplog.clear()
+    t0 = time.monotonic()
+    with caplog.at_level(logging.WARNING, logger="kafka"), pytest.raises(KafkaError):
+        bad = KafkaProducer(bootstrap_servers=boot, max_block_ms=8000, bootstrap_timeout_ms=8000,
+                            request_timeout_ms=8000, **{**sec, "sasl_plain_password": "not-the-password"})
+        try:
+            bad.send(name, b"never").get(timeout=10)
+        finally:
+            bad.close(timeout=5)
+    assert time.monotonic() - t0 < 60
+    auth_errors = [r for r in caplog.records
+                   if any(isinstance(a, SaslAuthenticationFailedError) for a in (r.args or ()))]
+    assert auth_errors, [r.getMessage() for r in caplog.records]
+    assert "invalid credentials" in auth_errors[0].getMessage()
+
+    # a plaintext client on the SASL_SSL port gets no metadata
+    t0 = time.monotonic()
+    with pytest.raises(KafkaError):
+        plain = KafkaConsumer(bootstrap_servers=boot, bootstrap_timeout_ms=8000, request_timeout_ms=8000)
+        try:
+            plain.topics()
+        finally:
+            plain.close()
+    assert time.monotonic() - t0 < 60

@@ -3,12 +3,14 @@
 #
 #   infra/local/kafka.sh fetch                      # jars from Maven Central into the cache (no-op when cached)
 #   infra/local/kafka.sh start [--port N]           # format + start on 127.0.0.1, print 127.0.0.1:PORT when ready
+#   infra/local/kafka.sh start --scram USER:PASS    # the same, MSK-like: SASL_SSL + SCRAM-SHA-512 on that port
 #   infra/local/kafka.sh stop [--keep-data]         # SIGTERM, wait, SIGKILL; removes the data dir unless --keep-data
-#   infra/local/kafka.sh restart                    # stop --keep-data, then start on the same ports (data kept)
+#   infra/local/kafka.sh restart                    # stop --keep-data, then start on the same ports and mode (data kept)
 #   infra/local/kafka.sh status                     # "running 127.0.0.1:PORT (pid N)" / "stopped"; exit 0 / 3
 #
 # Common options (any subcommand):
-#   --state-dir DIR     where server.properties, data/, kafka.log, kafka.pid, bootstrap live
+#   --state-dir DIR     where server.properties, data/, kafka.log, kafka.pid, bootstrap (and, with --scram, tls/,
+#                       client.json, scram) live
 #                       (default $DORYLUS_KAFKA_STATE or <repo>/.cache/kafka-state)
 #   --cache-dir DIR     jar cache (default $DORYLUS_CACHE/kafka or <repo>/.cache/kafka)
 #   --version V         Kafka version (default $DORYLUS_KAFKA_VERSION or 4.1.2)
@@ -19,6 +21,16 @@
 #   --timeout S         seconds to wait until the broker answers a metadata request (default 120)
 #   --owner-pid PID     stop the broker when process PID exits (guards against leaked brokers)
 #   --heap SIZE         JVM max heap (default 1g)
+#   --scram USER:PASSWORD   behave like Amazon MSK with SASL/SCRAM: the client port is SASL_SSL, mechanism
+#                       SCRAM-SHA-512, user USER created at storage format time; TLS with a self-signed certificate
+#                       for CN=localhost, SAN IP:127.0.0.1,DNS:localhost, made once per state dir with keytool
+#                       (tls/broker.p12, its password in tls/password, the certificate as PEM in tls/ca.pem for
+#                       the clients' CA file). Inter-broker traffic uses a second, PLAINTEXT port on 127.0.0.1,
+#                       the controller stays PLAINTEXT. Also writes <state-dir>/client.json (mode 600):
+#                       {"bootstrap", "security_protocol", "sasl_mechanism", "username", "password", "cafile"}.
+#                       USER and PASSWORD: letters, digits and . _ ~ + / @ % ! # ^ * - only. restart keeps the mode;
+#                       start without --scram is the plain PLAINTEXT broker. A data dir formatted without these
+#                       credentials is refused (stop without --keep-data first).
 # stop options:
 #   --timeout S         seconds to wait after SIGTERM before SIGKILL (default 30)
 #   --keep-data         keep the data dir (committed data survives the next start)
@@ -40,6 +52,8 @@ TIMEOUT=""
 OWNER_PID=""
 HEAP="1g"
 KEEP_DATA=0
+SCRAM=""        # USER:PASSWORD in MSK-like SASL_SSL/SCRAM mode, empty in plain mode
+IPORT=""        # inter-broker PLAINTEXT port (SCRAM mode only)
 
 die() { echo "kafka.sh: $*" >&2; exit 1; }
 log() { echo "kafka.sh: $*" >&2; }
@@ -59,7 +73,8 @@ while [[ $# -gt 0 ]]; do
     --owner-pid) OWNER_PID="$2"; shift 2 ;;
     --heap) HEAP="$2"; shift 2 ;;
     --keep-data) KEEP_DATA=1; shift ;;
-    -h|--help) sed -n '2,26p' "$0"; exit 0 ;;
+    --scram) SCRAM="$2"; shift 2 ;;
+    -h|--help) sed -n '2,/^[^#]/{/^#/p}' "$0"; exit 0 ;;
     *) die "unknown option: $1" ;;
   esac
 done
@@ -75,6 +90,10 @@ DATA_DIR="$STATE_DIR/data"
 BOOT_FILE="$STATE_DIR/bootstrap"
 PORTS_FILE="$STATE_DIR/ports"
 WATCH_PID_FILE="$STATE_DIR/watchdog.pid"
+SCRAM_FILE="$STATE_DIR/scram"            # the mode of the last start: USER:PASSWORD (SCRAM mode), absent (plain)
+DATA_SCRAM_FILE="$STATE_DIR/data.scram"  # sha256 of the USER:PASSWORD the data dir was formatted with
+CLIENT_FILE="$STATE_DIR/client.json"
+TLS_DIR="$STATE_DIR/tls"
 
 # ----------------------------------------------------------------------------------------------------------- fetch
 do_fetch() {
@@ -168,13 +187,20 @@ java_cmd() {
 }
 
 wait_ready() {
-  # a kafka-python metadata call must succeed (bounded by a timeout); fails fast when the JVM dies
+  # a kafka-python metadata call must succeed (bounded by a timeout); fails fast when the JVM dies.
+  # In SCRAM mode it goes through the client port with SASL_SSL/SCRAM-SHA-512 and the broker's certificate.
   local pid="$1" timeout="$2"
+  DORYLUS_READY_SCRAM="$SCRAM" DORYLUS_READY_CAFILE="$TLS_DIR/ca.pem" \
   "$PYTHON" - "127.0.0.1:$PORT" "$pid" "$timeout" <<'EOF'
 import os, socket, sys, time
 boot, pid, timeout = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
 deadline = time.monotonic() + timeout
 host, port = boot.rsplit(":", 1)
+security = {}
+if os.environ.get("DORYLUS_READY_SCRAM"):
+    user, password = os.environ["DORYLUS_READY_SCRAM"].split(":", 1)
+    security = dict(security_protocol="SASL_SSL", sasl_mechanism="SCRAM-SHA-512", sasl_plain_username=user,
+                    sasl_plain_password=password, ssl_cafile=os.environ["DORYLUS_READY_CAFILE"])
 
 def alive():
     try:
@@ -197,7 +223,8 @@ while time.monotonic() < deadline:
             pass
         if KafkaAdminClient is None:
             sys.exit(0)
-        admin = KafkaAdminClient(bootstrap_servers=boot, request_timeout_ms=5000, client_id="dorylus-readiness")
+        admin = KafkaAdminClient(bootstrap_servers=boot, request_timeout_ms=5000, client_id="dorylus-readiness",
+                                 **security)
         try:
             info = admin.describe_cluster()
             if info.get("brokers"):
@@ -214,16 +241,31 @@ EOF
 }
 
 write_props() {
+  local listeners advertised inter protocols
+  if [[ -n "$SCRAM" ]]; then
+    # MSK-like: clients on SASL_SSL (SCRAM-SHA-512), inter-broker on its own PLAINTEXT port
+    listeners="SASL_SSL://127.0.0.1:$PORT,INTERNAL://127.0.0.1:$IPORT,CONTROLLER://127.0.0.1:$CPORT"
+    advertised="SASL_SSL://127.0.0.1:$PORT,INTERNAL://127.0.0.1:$IPORT"
+    inter="INTERNAL"
+    protocols="CONTROLLER:PLAINTEXT,INTERNAL:PLAINTEXT,SASL_SSL:SASL_SSL"
+  else
+    listeners="PLAINTEXT://127.0.0.1:$PORT,CONTROLLER://127.0.0.1:$CPORT"
+    advertised="PLAINTEXT://127.0.0.1:$PORT"
+    inter="PLAINTEXT"
+    protocols="CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT"
+  fi
+  rm -f "$PROPS"
+  if [[ -n "$SCRAM" ]]; then (umask 077; : >"$PROPS"); fi  # it holds the keystore password
   cat >"$PROPS" <<EOF
 # generated by infra/local/kafka.sh
 process.roles=broker,controller
 node.id=1
 controller.quorum.voters=1@127.0.0.1:$CPORT
-listeners=PLAINTEXT://127.0.0.1:$PORT,CONTROLLER://127.0.0.1:$CPORT
-advertised.listeners=PLAINTEXT://127.0.0.1:$PORT
+listeners=$listeners
+advertised.listeners=$advertised
 controller.listener.names=CONTROLLER
-inter.broker.listener.name=PLAINTEXT
-listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT
+inter.broker.listener.name=$inter
+listener.security.protocol.map=$protocols
 log.dirs=$DATA_DIR
 num.partitions=1
 default.replication.factor=1
@@ -250,6 +292,71 @@ num.recovery.threads.per.data.dir=1
 log.cleaner.threads=1
 log.retention.hours=24
 EOF
+  if [[ -n "$SCRAM" ]]; then
+    local ks_pass
+    ks_pass="$(cat "$TLS_DIR/password")"
+    cat >>"$PROPS" <<EOF
+# MSK-like SASL/SCRAM: users come from the metadata log (created at format time), TLS from tls/broker.p12
+sasl.enabled.mechanisms=SCRAM-SHA-512
+listener.name.sasl_ssl.scram-sha-512.sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required;
+ssl.keystore.type=PKCS12
+ssl.keystore.location=$TLS_DIR/broker.p12
+ssl.keystore.password=$ks_pass
+ssl.key.password=$ks_pass
+EOF
+  fi
+}
+
+ensure_tls() {
+  # once per state dir: a self-signed RSA key + certificate for CN=localhost (SAN IP:127.0.0.1,DNS:localhost)
+  # in a PKCS12 keystore with a random password; the certificate as PEM is the clients' CA file
+  local ks="$TLS_DIR/broker.p12" pass_file="$TLS_DIR/password" ca="$TLS_DIR/ca.pem"
+  if [[ -s "$ks" && -s "$pass_file" && -s "$ca" ]]; then return 0; fi
+  command -v keytool >/dev/null || die "keytool not found (part of Java 17+; needed for --scram)"
+  local tmp="$TLS_DIR.tmp" pass
+  rm -rf "$tmp"
+  mkdir -p "$tmp"
+  pass="$("$PYTHON" -c 'import secrets; print(secrets.token_hex(24))')"
+  (umask 077; printf '%s' "$pass" >"$tmp/password")
+  # passwords through the environment (:env), not the command line
+  if ! DORYLUS_KS_PASS="$pass" keytool -genkeypair -noprompt -alias broker -keyalg RSA -keysize 2048 \
+        -validity 3650 -dname "CN=localhost" -ext "SAN=IP:127.0.0.1,DNS:localhost" \
+        -storetype PKCS12 -keystore "$tmp/broker.p12" \
+        -storepass:env DORYLUS_KS_PASS -keypass:env DORYLUS_KS_PASS >"$tmp/keytool.log" 2>&1 \
+     || ! DORYLUS_KS_PASS="$pass" keytool -exportcert -rfc -alias broker -storetype PKCS12 \
+        -keystore "$tmp/broker.p12" -storepass:env DORYLUS_KS_PASS -file "$tmp/ca.pem" >>"$tmp/keytool.log" 2>&1
+  then
+    cat "$tmp/keytool.log" >&2
+    die "keytool failed to make the broker's TLS keystore (in $tmp)"
+  fi
+  chmod 600 "$tmp/broker.p12" "$tmp/password"
+  chmod 644 "$tmp/ca.pem"
+  rm -f "$tmp/keytool.log"
+  rm -rf "$TLS_DIR"
+  mv "$tmp" "$TLS_DIR"
+  log "made a self-signed TLS certificate for CN=localhost in $TLS_DIR"
+}
+
+write_client_json() {
+  # what a client needs for the SASL_SSL/SCRAM listener (mode 600: it holds the password)
+  DORYLUS_CLIENT_SCRAM="$SCRAM" "$PYTHON" - "$CLIENT_FILE" "127.0.0.1:$PORT" "$TLS_DIR/ca.pem" <<'EOF'
+import json, os, sys
+path, boot, cafile = sys.argv[1:4]
+user, password = os.environ["DORYLUS_CLIENT_SCRAM"].split(":", 1)
+doc = {"bootstrap": boot, "security_protocol": "SASL_SSL", "sasl_mechanism": "SCRAM-SHA-512",
+       "username": user, "password": password, "cafile": os.path.abspath(cafile)}
+tmp = path + ".tmp"
+fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+with os.fdopen(fd, "w") as f:
+    json.dump(doc, f, indent=2)
+    f.write("\n")
+os.chmod(tmp, 0o600)
+os.replace(tmp, path)
+EOF
+}
+
+scram_digest() {
+  printf '%s' "$SCRAM" | sha256sum | cut -d' ' -f1
 }
 
 # ----------------------------------------------------------------------------------------------------------- start
@@ -260,11 +367,19 @@ do_start() {
     cat "$BOOT_FILE"
     return 0
   fi
+  if [[ -n "$SCRAM" ]]; then
+    [[ "$SCRAM" == *:* ]] || die "--scram wants USER:PASSWORD"
+    local user="${SCRAM%%:*}" pass="${SCRAM#*:}"
+    [[ -n "$user" && -n "$pass" ]] || die "--scram wants a non-empty USER and PASSWORD"
+    # the StorageTool's --add-scram syntax (name=...,password=...) has no escaping: a safe alphabet only
+    [[ "$user$pass" =~ ^[A-Za-z0-9._~+/@%!#^*-]+$ ]] \
+      || die "--scram: USER and PASSWORD may hold letters, digits and . _ ~ + / @ % ! # ^ * - only"
+  fi
   do_fetch
   command -v java >/dev/null || die "java not found (Java 17+ needed)"
   # ports: explicit > previous run in this state dir (if free) > a free one
-  local prev_port="" prev_cport=""
-  if [[ -f "$PORTS_FILE" ]]; then read -r prev_port prev_cport <"$PORTS_FILE" || true; fi
+  local prev_port="" prev_cport="" prev_iport=""
+  if [[ -f "$PORTS_FILE" ]]; then read -r prev_port prev_cport prev_iport <"$PORTS_FILE" || true; fi
   if [[ -z "$PORT" ]]; then
     if [[ -n "$prev_port" ]] && port_free "$prev_port"; then PORT="$prev_port"; else PORT="$(free_port)"; fi
   fi
@@ -276,22 +391,49 @@ do_start() {
     fi
   fi
   port_free "$PORT" || die "port $PORT is in use"
-  echo "$PORT $CPORT" >"$PORTS_FILE"
+  rm -f "$BOOT_FILE" "$CLIENT_FILE"
+  if [[ -n "$SCRAM" ]]; then
+    # SCRAM users live in the metadata log: a kept data dir must have been formatted with these credentials
+    if [[ -f "$DATA_DIR/meta.properties" && "$(cat "$DATA_SCRAM_FILE" 2>/dev/null || true)" != "$(scram_digest)" ]]; then
+      die "the data dir $DATA_DIR was formatted without these SCRAM credentials; run 'kafka.sh stop' (without --keep-data) first"
+    fi
+    # the inter-broker PLAINTEXT port: previous run's if free, else a free one (never the client/controller port)
+    if [[ -n "$prev_iport" && "$prev_iport" != "$PORT" && "$prev_iport" != "$CPORT" ]] && port_free "$prev_iport"; then
+      IPORT="$prev_iport"
+    else
+      IPORT="$(free_port)"
+      while [[ "$IPORT" == "$PORT" || "$IPORT" == "$CPORT" ]]; do IPORT="$(free_port)"; done
+    fi
+    echo "$PORT $CPORT $IPORT" >"$PORTS_FILE"
+    # the mode, for restart (mode 600: it holds the password)
+    (umask 077; printf '%s\n' "$SCRAM" >"$SCRAM_FILE.tmp")
+    mv "$SCRAM_FILE.tmp" "$SCRAM_FILE"
+    ensure_tls
+  else
+    echo "$PORT $CPORT" >"$PORTS_FILE"
+    rm -f "$SCRAM_FILE"
+  fi
   write_props
-  rm -f "$BOOT_FILE"
 
   # format KRaft storage once per data dir (a kept data dir is reused: committed data survives a restart)
   if [[ ! -f "$DATA_DIR/meta.properties" ]]; then
     rm -rf "$DATA_DIR"
+    rm -f "$DATA_SCRAM_FILE"
     local cluster_id
+    local -a scram_args=()
+    if [[ -n "$SCRAM" ]]; then
+      scram_args=(--add-scram "SCRAM-SHA-512=[name=${SCRAM%%:*},password=${SCRAM#*:}]")
+    fi
     cluster_id="$("$PYTHON" -c 'import base64, uuid; print(base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("="))')"
-    if ! java_cmd kafka.tools.StorageTool format -t "$cluster_id" -c "$PROPS" --ignore-formatted >>"$LOG_FILE" 2>&1; then
+    if ! java_cmd kafka.tools.StorageTool format -t "$cluster_id" -c "$PROPS" --ignore-formatted \
+          ${scram_args[@]+"${scram_args[@]}"} >>"$LOG_FILE" 2>&1; then
       tail -n 30 "$LOG_FILE" >&2
       die "kafka-storage format failed (log: $LOG_FILE)"
     fi
+    if [[ -n "$SCRAM" ]]; then scram_digest >"$DATA_SCRAM_FILE"; fi
   fi
 
-  echo "=== start $(date -u +%FT%TZ) port=$PORT controller=$CPORT" >>"$LOG_FILE"
+  echo "=== start $(date -u +%FT%TZ) port=$PORT controller=$CPORT${SCRAM:+ internal=$IPORT mode=SASL_SSL/SCRAM-SHA-512}" >>"$LOG_FILE"
   setsid nohup bash -c 'exec "$@"' _ java -Xms128m -Xmx"$HEAP" -XX:+UseG1GC -XX:MaxGCPauseMillis=20 \
     -XX:+ExitOnOutOfMemoryError -Djava.awt.headless=true -Dkafka.logs.dir="$STATE_DIR" \
     -Dlog4j2.configurationFile="$HERE/log4j2.properties" \
@@ -319,6 +461,7 @@ do_start() {
     rm -f "$PID_FILE"
     exit 1
   fi
+  if [[ -n "$SCRAM" ]]; then write_client_json; fi
   echo "127.0.0.1:$PORT" >"$BOOT_FILE"
   echo "127.0.0.1:$PORT"
 }
@@ -347,15 +490,15 @@ do_stop() {
   else
     echo "not running"
   fi
-  rm -f "$PID_FILE" "$BOOT_FILE"
-  if [[ "$KEEP_DATA" != 1 ]]; then rm -rf "$DATA_DIR"; fi
+  rm -f "$PID_FILE" "$BOOT_FILE" "$CLIENT_FILE"
+  if [[ "$KEEP_DATA" != 1 ]]; then rm -rf "$DATA_DIR"; rm -f "$DATA_SCRAM_FILE"; fi
 }
 
 do_status() {
   local pid
   pid="$(running_pid)"
   if [[ -n "$pid" ]]; then
-    echo "running $(cat "$BOOT_FILE" 2>/dev/null || echo starting) (pid $pid)"
+    echo "running $(cat "$BOOT_FILE" 2>/dev/null || echo starting) (pid $pid)$([[ -f "$SCRAM_FILE" ]] && echo " SASL_SSL/SCRAM-SHA-512")"
     return 0
   fi
   echo "stopped"
@@ -366,7 +509,11 @@ case "$cmd" in
   fetch) do_fetch; echo "$JARS" ;;
   start) do_start ;;
   stop) do_stop ;;
-  restart) KEEP_DATA=1 do_stop >/dev/null; do_start ;;
+  restart)
+    KEEP_DATA=1 do_stop >/dev/null
+    # the mode of the previous start (SCRAM credentials), unless given again
+    if [[ -z "$SCRAM" && -f "$SCRAM_FILE" ]]; then SCRAM="$(cat "$SCRAM_FILE")"; fi
+    do_start ;;
   status) do_status ;;
   *) die "unknown subcommand: $cmd (fetch|start|stop|restart|status)" ;;
 esac
