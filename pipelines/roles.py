@@ -200,10 +200,13 @@ def say(role: str, what: str) -> None:
 
 
 def _run_role(args, role: str, partition: int, body) -> int:
+    from pipelines.transports.kafka_security import describe
+
     t = None
     try:
         cfg, graph, t = _setup(args, role)
-        say(role, f"connected to {args.bootstrap or cfg.bootstrap}, topics dorylus.{args.run_id}.*")
+        say(role, f"connected to {args.bootstrap or cfg.bootstrap} ({describe(t.security)}), topics "
+                  f"dorylus.{args.run_id}.*")
         stats = body(cfg, graph, t)
         say(role, "stopping: reading my channels to their end")
         t.drain(timeout_s=120)

@@ -1,7 +1,11 @@
-"""Small kafka-python helpers for the stream: clients sized for Arrow batches, topic creation."""
+"""Small kafka-python helpers for the stream: clients sized for Arrow batches, topic creation.
+
+Every client takes the TLS/SASL settings of the environment (`pipelines.transports.kafka_security`)."""
 from __future__ import annotations
 
 import time
+
+from pipelines.transports.kafka_security import client_settings
 
 MAX_BYTES = 64 * 1024 * 1024  # the local broker's message.max.bytes
 
@@ -10,7 +14,7 @@ def producer(bootstrap: str, **kw):
     from kafka import KafkaProducer
 
     opts = dict(bootstrap_servers=bootstrap, acks="all", linger_ms=5, max_request_size=MAX_BYTES,
-                retries=5, request_timeout_ms=30000)
+                retries=5, request_timeout_ms=30000, **client_settings())
     opts.update(kw)
     return KafkaProducer(**opts)
 
@@ -20,7 +24,7 @@ def consumer(bootstrap: str, **kw):
 
     opts = dict(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False,
                 auto_offset_reset="earliest", fetch_max_bytes=MAX_BYTES, max_partition_fetch_bytes=MAX_BYTES,
-                receive_buffer_bytes=4 * 1024 * 1024)
+                receive_buffer_bytes=4 * 1024 * 1024, **client_settings())
     opts.update(kw)
     return KafkaConsumer(**opts)
 
@@ -30,7 +34,8 @@ def ensure_topics(bootstrap: str, topics: dict[str, int], timeout_s: float = 30.
     from kafka.admin import KafkaAdminClient, NewTopic
     from kafka.errors import TopicAlreadyExistsError
 
-    admin = KafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=int(timeout_s * 1000))
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=int(timeout_s * 1000),
+                             **client_settings())
     try:
         existing = set(admin.list_topics())
         new = [NewTopic(name, num_partitions=n, replication_factor=1)
@@ -53,7 +58,7 @@ def topic_partitions(bootstrap: str, topic: str) -> list[int] | None:
     """The partition ids of a topic, or None when it does not exist."""
     from kafka.admin import KafkaAdminClient
 
-    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap, **client_settings())
     try:
         desc = admin.describe_topics([topic])
     except Exception:  # noqa: BLE001 - an unknown topic surfaces differently across versions

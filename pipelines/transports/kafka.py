@@ -27,6 +27,12 @@ completes between two short polls, leaving a member idle until its session expir
 a run with a fixed set of processes needs (a process that dies fails the run; ``--resume`` restarts it). Values that do not decode (corrupt bytes, a schema that is not the engine's, another run's
 message) go to the dead-letter topic with the reason in the headers and are counted, never handed to the engine.
 
+Security
+--------
+Every client (producer, consumers, admin) takes the TLS/SASL settings of the environment, the variables the
+Terraform deployment sets (``DORYLUS_KAFKA_AUTH`` = ``scram`` or ``iam`` for MSK, ``DORYLUS_KAFKA_SECRET_ARN``,
+...): see `pipelines.transports.kafka_security`. Role processes launched by ``--spawn-local`` inherit them.
+
 Sizes
 -----
 Messages are refused before sending when the encoded value exceeds ``max_message_bytes`` (default 64 MiB, the
@@ -48,6 +54,7 @@ from pipelines.engine import messages as M
 from pipelines.engine.messages import Message
 from pipelines.transports import codec
 from pipelines.transports.base import Consumer, Transport, TransportError
+from pipelines.transports.kafka_security import client_settings, describe
 
 DEAD_LETTER = "dead-letter"
 SINGLE_PARTITION = (M.GRADS, M.WEIGHTS, M.METRICS)
@@ -99,19 +106,22 @@ def _import_kafka():
     return kafka
 
 
-def check_broker(bootstrap: str | None, timeout_s: float = 10.0, keep: bool = False):
+def check_broker(bootstrap: str | None, timeout_s: float = 10.0, keep: bool = False, security: dict | None = None):
     """Raise TransportError (one line) unless a Kafka broker answers at `bootstrap` within `timeout_s`.
-    keep: return the connected admin client (else it is closed)."""
+    keep: return the connected admin client (else it is closed). security: kafka-python TLS/SASL settings
+    (default: `kafka_security.client_settings()` of the environment)."""
     if not bootstrap:
         raise TransportError("the kafka transport needs --bootstrap HOST:PORT")
     kafka = _import_kafka()
+    security = client_settings() if security is None else security
     t0 = time.monotonic()
     try:
         admin = kafka.KafkaAdminClient(bootstrap_servers=bootstrap, bootstrap_timeout_ms=int(timeout_s * 1000),
-                                       request_timeout_ms=int(timeout_s * 1000), client_id="dorylus-check")
-    except Exception as e:  # KafkaTimeoutError, NoBrokersAvailable, socket errors, bad host strings
-        raise TransportError(f"Kafka broker at {bootstrap} is unreachable (gave up after "
-                             f"{time.monotonic() - t0:.0f}s: {type(e).__name__}: {e})") from None
+                                       request_timeout_ms=int(timeout_s * 1000), client_id="dorylus-check",
+                                       **security)
+    except Exception as e:  # KafkaTimeoutError, NoBrokersAvailable, socket errors, bad host strings, auth
+        raise TransportError(f"Kafka broker at {bootstrap} is unreachable over {describe(security)} (gave up "
+                             f"after {time.monotonic() - t0:.0f}s: {type(e).__name__}: {e})") from None
     if keep:
         return admin
     admin.close()
@@ -129,7 +139,8 @@ class KafkaTransport(Transport):
                  max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES, connect_timeout_s: float = 10.0,
                  create_topics: bool = True, replication_factor: int = 1, client_id: str = "dorylus",
                  linger_consumers: bool = False, commit_interval_s: float = 0.5,
-                 delivery_timeout_s: float = 600.0, work_share: tuple[int, int] = (0, 1)):
+                 delivery_timeout_s: float = 600.0, work_share: tuple[int, int] = (0, 1),
+                 security: dict | None = None):
         kafka = _import_kafka()
         self.bootstrap = bootstrap
         self.run_id = check_run_id(run_id)
@@ -145,6 +156,7 @@ class KafkaTransport(Transport):
         if not (w >= 1 and 0 <= k < w):
             raise TransportError(f"work share {k} of {w}: need 0 <= member < members")
         self.work_share = (k, w)
+        self.security = client_settings() if security is None else dict(security)
         self._lock = threading.Lock()
         self._error: BaseException | None = None
         self._sent = collections.Counter()       # (kind, p) -> sends issued
@@ -160,7 +172,7 @@ class KafkaTransport(Transport):
         self._dead_reasons: list[str] = []
         self._consumers: list = []
         self._shared: dict[str, _SharedGroup] = {}
-        admin = check_broker(bootstrap, connect_timeout_s, keep=True)
+        admin = check_broker(bootstrap, connect_timeout_s, keep=True, security=self.security)
         try:
             if create_topics:
                 self.ensure_topics(admin=admin)
@@ -172,7 +184,7 @@ class KafkaTransport(Transport):
             batch_size=256 * 2**10, max_request_size=self.max_message_bytes + RECORD_OVERHEAD,
             request_timeout_ms=30000, delivery_timeout_ms=int(delivery_timeout_s * 1000),
             max_block_ms=int(delivery_timeout_s * 1000), reconnect_backoff_max_ms=1000,
-            bootstrap_timeout_ms=int(connect_timeout_s * 1000))
+            bootstrap_timeout_ms=int(connect_timeout_s * 1000), **self.security)
 
     # ---------------------------------------------------------------------------------------------- topics
     def topic(self, kind: str) -> str:
@@ -187,7 +199,8 @@ class KafkaTransport(Transport):
         own = admin is None
         if own:
             admin = kafka.KafkaAdminClient(bootstrap_servers=self.bootstrap, client_id=f"{self.client_id}-admin",
-                                           bootstrap_timeout_ms=int(self.connect_timeout_s * 1000))
+                                           bootstrap_timeout_ms=int(self.connect_timeout_s * 1000),
+                                           **self.security)
         try:
             want = {self.topic(k): topic_partitions(k, self.partitions) for k in self.kinds()}
             spec = {name: {"num_partitions": n, "replication_factor": self.replication_factor,
@@ -290,7 +303,7 @@ class KafkaTransport(Transport):
             receive_message_max_bytes=2 * self.max_message_bytes + 2**20,
             request_timeout_ms=30000, reconnect_backoff_max_ms=1000, session_timeout_ms=30000,
             heartbeat_interval_ms=3000, max_poll_interval_ms=600000,
-            bootstrap_timeout_ms=int(self.connect_timeout_s * 1000))
+            bootstrap_timeout_ms=int(self.connect_timeout_s * 1000), **self.security)
 
     def _kind_of(self, topic: str) -> str:
         prefix = f"dorylus.{self.run_id}."
@@ -374,7 +387,8 @@ class KafkaTransport(Transport):
             if self._dl_reader is None:
                 self._dl_reader = kafka.KafkaConsumer(bootstrap_servers=self.bootstrap,
                                                       client_id=f"{self.client_id}-dl",
-                                                      bootstrap_timeout_ms=int(self.connect_timeout_s * 1000))
+                                                      bootstrap_timeout_ms=int(self.connect_timeout_s * 1000),
+                                                      **self.security)
             tp = kafka.TopicPartition(self.topic(DEAD_LETTER), 0)
             return int(self._dl_reader.end_offsets([tp], timeout_ms=int(timeout_s * 1000))[tp])
         except kafka.errors.KafkaError:
