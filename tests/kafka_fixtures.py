@@ -151,44 +151,64 @@ def _check_can_start(scram: bool = False) -> None:
         raise KafkaUnavailable(f"Kafka jars not cached in {cache / version} and mvn not found to fetch them")
 
 
-# ------------------------------------------------------------------------------------------ session singleton
-# One broker per test process, shared by every module that imports the fixture (pytest makes one fixture
-# definition per importing module, so the broker itself is reference-counted here).
+# ------------------------------------------------------------------------------------------ session singletons
+# One broker of each kind per test process, shared by every module that imports the fixtures (pytest makes one
+# fixture definition per importing module, so each broker is reference-counted here).
 _lock = threading.Lock()
-_broker: LocalKafka | None = None
-_refs = 0
+
+
+class _Shared:
+    """A broker started on first use and stopped when its last user lets go."""
+
+    def __init__(self, label: str, scram: bool):
+        self.label, self.scram = label, scram
+        self.broker: LocalKafka | None = None
+        self.refs = 0
+
+    def acquire(self) -> LocalKafka:
+        with _lock:
+            if self.broker is None:
+                _check_can_start(scram=self.scram)
+                broker = LocalKafka(scram=f"dorylus:{secrets.token_urlsafe(18)}" if self.scram else None)
+                try:
+                    broker.start()
+                except BaseException:
+                    broker.close()
+                    raise
+                print(f"\n[kafka_fixtures] started {self.label} at {broker.bootstrap} in {broker.startup_s:.1f}s "
+                      f"(state {broker.state_dir})", file=sys.stderr)
+                self.broker = broker
+            self.refs += 1
+            return self.broker
+
+    def release(self) -> None:
+        with _lock:
+            self.refs -= 1
+            if self.refs <= 0 and self.broker is not None:
+                broker, self.broker, self.refs = self.broker, None, 0
+                broker.close()
+
+    def fixture_value(self, value):
+        """Yield value(broker) for a test; skip where Kafka cannot run (unless DORYLUS_KAFKA_REQUIRED=1)."""
+        try:
+            broker = self.acquire()
+        except KafkaUnavailable as e:
+            if os.environ.get("DORYLUS_KAFKA_REQUIRED") == "1":
+                raise
+            pytest.skip(f"no {self.label} broker: {e}")
+        try:
+            yield value(broker)
+        finally:
+            self.release()
+
+
+_plain = _Shared("Kafka", scram=False)
+_scram = _Shared("SASL_SSL/SCRAM-SHA-512 Kafka", scram=True)
 
 
 def local_broker() -> LocalKafka | None:
     """The broker this test process started, or None (external broker / none started yet)."""
-    return _broker
-
-
-def _acquire() -> str:
-    global _broker, _refs
-    with _lock:
-        if _broker is None:
-            _check_can_start()
-            broker = LocalKafka()
-            try:
-                broker.start()
-            except BaseException:
-                broker.close()
-                raise
-            print(f"\n[kafka_fixtures] started Kafka at {broker.bootstrap} in {broker.startup_s:.1f}s "
-                  f"(state {broker.state_dir})", file=sys.stderr)
-            _broker = broker
-        _refs += 1
-        return _broker.bootstrap  # type: ignore[return-value]
-
-
-def _release() -> None:
-    global _broker, _refs
-    with _lock:
-        _refs -= 1
-        if _refs <= 0 and _broker is not None:
-            broker, _broker, _refs = _broker, None, 0
-            broker.close()
+    return _plain.broker
 
 
 @pytest.fixture(scope="session")
@@ -198,72 +218,22 @@ def kafka_bootstrap() -> str:
     if external:
         yield external
         return
-    try:
-        bootstrap = _acquire()
-    except KafkaUnavailable as e:
-        if os.environ.get("DORYLUS_KAFKA_REQUIRED") == "1":
-            raise
-        pytest.skip(f"no Kafka broker: {e}")
-    try:
-        yield bootstrap
-    finally:
-        _release()
-
-
-# The SCRAM broker: a second one, started only when a test asks for ``kafka_scram``, shared the same way.
-_scram_broker: LocalKafka | None = None
-_scram_refs = 0
-
-
-def _acquire_scram() -> dict:
-    global _scram_broker, _scram_refs
-    with _lock:
-        if _scram_broker is None:
-            _check_can_start(scram=True)
-            broker = LocalKafka(scram=f"dorylus:{secrets.token_urlsafe(18)}")
-            try:
-                broker.start()
-            except BaseException:
-                broker.close()
-                raise
-            print(f"\n[kafka_fixtures] started SASL_SSL/SCRAM-SHA-512 Kafka at {broker.bootstrap} in "
-                  f"{broker.startup_s:.1f}s (state {broker.state_dir})", file=sys.stderr)
-            _scram_broker = broker
-        _scram_refs += 1
-        return dict(_scram_broker.client)  # type: ignore[arg-type]
-
-
-def _release_scram() -> None:
-    global _scram_broker, _scram_refs
-    with _lock:
-        _scram_refs -= 1
-        if _scram_refs <= 0 and _scram_broker is not None:
-            broker, _scram_broker, _scram_refs = _scram_broker, None, 0
-            broker.close()
+    yield from _plain.fixture_value(lambda b: b.bootstrap)
 
 
 @pytest.fixture(scope="session")
 def kafka_scram() -> dict:
-    """An MSK-like SASL_SSL/SCRAM-SHA-512 broker for this test session: its client.json as a dict
-    (bootstrap, security_protocol, sasl_mechanism, username, password, cafile)."""
-    try:
-        client = _acquire_scram()
-    except KafkaUnavailable as e:
-        if os.environ.get("DORYLUS_KAFKA_REQUIRED") == "1":
-            raise
-        pytest.skip(f"no SASL_SSL/SCRAM Kafka broker: {e}")
-    try:
-        yield client
-    finally:
-        _release_scram()
+    """An MSK-like SASL_SSL/SCRAM-SHA-512 broker for this test session (started only when a test asks): its
+    client.json as a dict (bootstrap, security_protocol, sasl_mechanism, username, password, cafile)."""
+    yield from _scram.fixture_value(lambda b: dict(b.client))
 
 
 def _managed() -> LocalKafka:
     if os.environ.get("DORYLUS_KAFKA_BOOTSTRAP"):
         pytest.skip("broker is external (DORYLUS_KAFKA_BOOTSTRAP); cannot stop/restart it")
-    if _broker is None:
+    if _plain.broker is None:
         raise RuntimeError("no local broker: request the kafka_bootstrap fixture first")
-    return _broker
+    return _plain.broker
 
 
 def restart_broker() -> str:
