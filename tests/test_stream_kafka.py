@@ -163,13 +163,14 @@ def test_late_events_are_applied_by_the_next_round_with_the_engine(kafka_bootstr
     cfg = TrainConfig(epochs=4, partitions=2, staleness=1).resolved()
     opts = StreamOptions(bootstrap=kafka_bootstrap, events_topic=topic, out=str(tmp_path),
                          models_topic=_topic("models"), round_interval_s=1.0, first_round_epochs=40,
-                         round_epochs=4, until_idle_s=2.0, num_classes=3)
+                         round_epochs=4, until_idle_s=4.0, num_classes=3)
     stream = Stream(opts, cfg)
     result = {}
     th = threading.Thread(target=lambda: result.update(stream.run()))
     th.start()
     metrics = tmp_path / "metrics.jsonl"
     deadline = time.monotonic() + 120
+    # when round 1 is done the late events must arrive within until_idle_s, or the stream ends first
     while not (metrics.exists() and metrics.read_text().strip()) and time.monotonic() < deadline:
         time.sleep(0.1)
     send(events_batch(["late"], 1200, "add_edge", [0], dst=[20]),      # behind the cut of round 1
