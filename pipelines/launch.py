@@ -182,6 +182,26 @@ def _contiguous(rows: list[dict]) -> list[dict]:
 
 
 # ------------------------------------------------------------------------------------------------ the driver
+class _PoolsReport:
+    """The tensor-worker processes' pool statistics as one pool's `stats()`, for the cost meter."""
+
+    _SUMMED = ("tasks", "invocations", "billed_ms", "s3_puts", "s3_gets", "bytes_sent", "bytes_received",
+               "s3_bytes_put", "s3_bytes_get", "busy_s")
+
+    def __init__(self, pools: list[dict]):
+        self.pools = pools
+
+    def stats(self) -> dict:
+        if not self.pools:
+            return {}
+        out = {k: v for k, v in self.pools[0].items() if k in ("billing", "backend", "memory_mb")}
+        for k in self._SUMMED:
+            if any(k in p for p in self.pools):
+                out[k] = sum(p.get(k, 0) for p in self.pools)
+        return out
+
+
+
 def train_kafka(cfg: TrainConfig, graph, out: Path | str, *, spawn_local: bool = False, run_id: str | None = None,
                 workers: int = 1, resume: bool = False, show_progress: bool = False,
                 stall_timeout: float = 300.0, evaluate: bool = True):
@@ -233,6 +253,11 @@ def train_kafka(cfg: TrainConfig, graph, out: Path | str, *, spawn_local: bool =
     if stopper.should_stop:
         stop_at = start - 1
 
+    from pipelines.engine.cost import CostMeter, load_prices
+    from pipelines.engine.spans import merge_wall_rows, write_rows
+
+    pools: list[dict] = []  # the tensor-worker processes' final pool statistics, filled at the end
+    meter = CostMeter(cfg, load_prices(cfg.prices), _PoolsReport(pools))  # bad prices fail before any process
     t = KafkaTransport(cfg.bootstrap, info["topic_run_id"], P, linger_consumers=True, client_id="driver")
     metrics = t.consumer([(M.METRICS, 0)], group="driver")
     weights = t.consumer([(M.WEIGHTS, 0)], group="driver-weights")
@@ -253,6 +278,7 @@ def train_kafka(cfg: TrainConfig, graph, out: Path | str, *, spawn_local: bool =
     spread = 0
     next_epoch = start
     t_start = time.perf_counter()
+    t_start_wall = time.time()
     t_epoch = t_start
     final_version = start
     bar = progress(cfg.epochs - start, show_progress,
@@ -408,7 +434,7 @@ def train_kafka(cfg: TrainConfig, graph, out: Path | str, *, spawn_local: bool =
     for m in last_part_stats.values():
         for k, v in m.get("busy_s", {}).items():
             busy[f"graph_server.{k}"] = busy.get(f"graph_server.{k}", 0.0) + v
-    pools = [finals[r]["stats"] for r in finals if r.startswith("tensor-worker-")]
+    pools.extend(finals[r]["stats"] for r in finals if r.startswith("tensor-worker-"))
     pool_busy = sum(float(s.get("busy_s", 0.0)) for s in pools)
     busy["tensor_workers"] = pool_busy
     ps_stats = finals.get("param-server", {}).get("stats", {})
@@ -461,6 +487,14 @@ def train_kafka(cfg: TrainConfig, graph, out: Path | str, *, spawn_local: bool =
         "transport": transport,
         "roles": {r: {k: v for k, v in f.items() if k not in ("transport",)} for r, f in sorted(finals.items())},
     }
+    summary["cost"] = meter.summary(seconds, len(history), transport, busy)
+    summary.update(time_s=seconds, cost_usd=summary["cost"]["cost_usd"],
+                   cost_per_epoch_usd=summary["cost"]["cost_per_epoch_usd"], value=summary["cost"]["value"])
+    parts = [f.get("stats", {}).pop("spans", []) for f in finals.values()]  # out of summary["roles"] too
+    timeline = merge_wall_rows(parts, t_start_wall)
+    summary["timeline"] = {"spans": write_rows(out / "timeline.jsonl", timeline), "file": "timeline.jsonl",
+                           "dropped": sum(int(f.get("stats", {}).get("spans_dropped", 0)) for f in finals.values()),
+                           "clock": "each role's wall clock, merged by the driver"}
     info.update(status="complete")
     rundir.atomic_write_json(out / "run.json", info)
     if best_params:

@@ -230,6 +230,14 @@ def _exit(code: int) -> int:
     os._exit(code)
 
 
+def _span_log():
+    """This process's share of the timeline; it travels in the final report, so it is kept small (the report
+    draws the first epochs)."""
+    from pipelines.engine.spans import SpanLog
+
+    return SpanLog(max_epochs=20, max_spans=20_000)
+
+
 # ------------------------------------------------------------------------------------------------ roles
 def cmd_graph_server(args) -> int:
     from pipelines.engine.runner import build_graph_server, run_context
@@ -242,6 +250,7 @@ def cmd_graph_server(args) -> int:
             raise RoleFailed(f"--partition {p} is not one of the config's {cfg.partitions} partitions")
         ctx = run_context(cfg, graph)
         gs = build_graph_server(cfg, graph, t, p, ctx=ctx, start_epoch=args.start_epoch)
+        gs.spans = _span_log()
         done = threading.Event()
 
         def checkpoints():  # at each epoch end: the epoch every interval has completed, and the offsets
@@ -266,7 +275,8 @@ def cmd_graph_server(args) -> int:
         say(role, f"done with epoch {min(gs.epoch) - 1}; waiting for STOP")
         _wait_stop([gs.consumer, gs.wconsumer])
         return {"busy_s": dict(gs.busy_s), "relaunches": gs.relaunches, "duplicates": gs.duplicates,
-                "max_staleness": gs.max_staleness, "epochs": list(gs.epoch)}
+                "max_staleness": gs.max_staleness, "epochs": list(gs.epoch), "spans": gs.spans.wall_rows(),
+                "spans_dropped": gs.spans.dropped}
 
     return _run_role(args, role, p, body)
 
@@ -279,6 +289,7 @@ def cmd_param_server(args) -> int:
     def body(cfg, graph, t):
         ctx = run_context(cfg, graph)
         ps = build_param_server(cfg, graph, t, ctx=ctx)
+        ps.spans = _span_log()
         start = args.start_epoch
         if start > 0:
             ckpts = ps_checkpoints(args.out)
@@ -297,7 +308,8 @@ def cmd_param_server(args) -> int:
         ps.run()
         if ps.error is not None:
             raise ps.error
-        return {"busy_s": ps.busy_s, "updates": ps.updates, "version": ps.state.version}
+        return {"busy_s": ps.busy_s, "updates": ps.updates, "version": ps.state.version,
+                "spans": ps.spans.wall_rows(), "spans_dropped": ps.spans.dropped}
 
     return _run_role(args, role, -1, body)
 

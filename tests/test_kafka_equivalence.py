@@ -69,6 +69,16 @@ def test_synchronous_kafka_processes_equal_the_memory_engine(kafka_bootstrap, da
     l2 = np.array([r["loss"] for r in rows])
     assert np.max(np.abs(l1 - l2) / np.abs(l1)) < 1e-4
     assert s["best_epoch"] == mem.summary["best_epoch"] and s["test_acc"] == pytest.approx(mem.summary["test_acc"])
+    # one timeline from the processes' spans: every role's lane, on the driver's clock origin
+    spans = [json.loads(line) for line in (out / "timeline.jsonl").read_text().splitlines()]
+    assert s["timeline"]["spans"] == len(spans) > 0
+    assert {r["lane"] for r in spans} == {"graph-server-0", "graph-server-1", "param-server", "tensor-workers"}
+    assert all(0 <= r["t0"] <= r["t1"] <= s["seconds"] for r in spans)
+    assert {r["kind"] for r in spans} >= {"GA", "SC", "WU", "WAIT"} and "spans" not in s["roles"]["param-server"]
+    # priced like the memory engine: the same tensor tasks (billed as Lambda invocations), two graph servers
+    c, cm = s["cost"], mem.summary["cost"]
+    assert c["mode"] == cm["mode"] and c["usage"]["graph_servers"] == 2 and s["cost_usd"] > 0
+    assert c["usage"]["lambda_invocations"] == cm["usage"]["lambda_invocations"] == s["tensor_tasks"] > 0
     with np.load(out / "weights.npz") as z:
         for k, w in _tree_to_npz(mem.best_params).items():
             assert _rel(w, z[k]) < 1e-4, k

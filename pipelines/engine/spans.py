@@ -7,7 +7,8 @@ run; the roles append it (a list append: negligible next to a task, and thread-s
 
 Memory stays bounded: only epochs below `max_epochs` are kept, and at most `max_spans` spans; the rest are
 counted in `dropped`. The driver writes the kept spans to `RUN_DIR/timeline.jsonl` at the end, times in seconds
-from the run's origin.
+from the run's origin. Over Kafka every role process keeps its own log and sends its spans in wall-clock seconds
+(`wall_rows`) with its final report; the driver merges them (`merge_wall_rows`) onto its own origin.
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ clock = time.monotonic
 class SpanLog:
     def __init__(self, max_epochs: int = 50, max_spans: int = 100_000, origin: float | None = None):
         self.origin = clock() if origin is None else origin
+        self.origin_wall = time.time() - (clock() - self.origin)  # the wall-clock time of `origin`
         self.max_epochs = max_epochs
         self.max_spans = max_spans
         self.spans: list[tuple] = []
@@ -43,20 +45,35 @@ class SpanLog:
             out.append(row)
         return out
 
+    def wall_rows(self) -> list[dict]:
+        """The rows with t0/t1 in wall-clock seconds (comparable across processes on synchronized clocks)."""
+        return [{**r, "t0": r["t0"] + self.origin_wall, "t1": r["t1"] + self.origin_wall} for r in self.rows()]
+
     def write(self, path: str | Path) -> int:
         """Write the spans as JSON lines (sorted by start); returns how many."""
-        rows = self.rows()
-        path = Path(path)
-        tmp = path.with_suffix(path.suffix + ".tmp")
-        with open(tmp, "w", encoding="utf-8") as f:
-            for r in rows:
-                f.write(json.dumps(r) + "\n")
-        tmp.replace(path)
-        return len(rows)
+        return write_rows(path, self.rows())
 
     def stats(self) -> dict:
         return {"spans": len(self.spans), "dropped": self.dropped, "max_epochs": self.max_epochs,
                 "max_spans": self.max_spans}
+
+
+def merge_wall_rows(parts: list[list[dict]], origin_wall: float) -> list[dict]:
+    """Rows of several processes (`wall_rows`) as one timeline in seconds from `origin_wall`, sorted by start."""
+    rows = [{**r, "t0": round(r["t0"] - origin_wall, 6), "t1": round(r["t1"] - origin_wall, 6)}
+            for part in parts for r in part]
+    return sorted(rows, key=lambda r: r["t0"])
+
+
+def write_rows(path: str | Path, rows: list[dict]) -> int:
+    """Write span rows as JSON lines, atomically; returns how many."""
+    path = Path(path)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        for r in rows:
+            f.write(json.dumps(r) + "\n")
+    tmp.replace(path)
+    return len(rows)
 
 
 def read(path: str | Path) -> list[dict]:
