@@ -24,10 +24,10 @@ def _run_id(tag: str) -> str:
     return f"t-{tag}-{uuid.uuid4().hex[:8]}"
 
 
-def _poll_n(consumer, n: int, timeout: float = 30.0, commit: bool = True) -> list:
+def _poll_n(consumer, n: int, timeout: float = 30.0, commit: bool = True, poll_s: float = 0.2) -> list:
     got, deadline = [], time.monotonic() + timeout
     while len(got) < n and time.monotonic() < deadline:
-        got += consumer.poll(0.2)
+        got += consumer.poll(poll_s)
         if commit:
             consumer.commit()
     return got
@@ -85,11 +85,7 @@ def test_work_queue_members_read_their_share_from_the_first_zero_timeout_poll(ka
         t.flush()
         everything = [(p, i) for p in range(3) for i in range(3)]
         for g in range(4):  # each group a fresh reader
-            member = t.consumer([(M.TENSOR_TASKS, 0)], group=f"workers-{g}")
-            got, deadline = [], time.monotonic() + 40
-            while len(got) < 9 and time.monotonic() < deadline:
-                got += member.poll(0.0)
-                member.commit()
+            got = _poll_n(t.consumer([(M.TENSOR_TASKS, 0)], group=f"workers-{g}"), 9, timeout=40, poll_s=0.0)
             assert sorted((m.partition, m.interval) for m in got) == everything, g
         # two worker processes, W = 2: process 0 reads graph servers 0 and 2, process 1 reads graph server 1
         shares = {}
