@@ -75,10 +75,13 @@ def test_synchronous_kafka_processes_equal_the_memory_engine(kafka_bootstrap, da
     assert {r["lane"] for r in spans} == {"graph-server-0", "graph-server-1", "param-server", "tensor-workers"}
     assert all(0 <= r["t0"] <= r["t1"] <= s["seconds"] for r in spans)
     assert {r["kind"] for r in spans} >= {"GA", "SC", "WU", "WAIT"} and "spans" not in s["roles"]["param-server"]
-    # priced like the memory engine: the same tensor tasks (billed as Lambda invocations), two graph servers
+    # priced like the memory engine: every tensor task billed as a Lambda invocation, two graph servers; the
+    # tasks are the memory run's, give or take straggler relaunches (timing-dependent in both runs)
     c, cm = s["cost"], mem.summary["cost"]
     assert c["mode"] == cm["mode"] and c["usage"]["graph_servers"] == 2 and s["cost_usd"] > 0
-    assert c["usage"]["lambda_invocations"] == cm["usage"]["lambda_invocations"] == s["tensor_tasks"] > 0
+    assert c["usage"]["lambda_invocations"] == s["tensor_tasks"]
+    base = cm["usage"]["lambda_invocations"] - mem.summary["relaunches"]
+    assert 0 < base <= s["tensor_tasks"] <= base + s["relaunches"]
     with np.load(out / "weights.npz") as z:
         for k, w in _tree_to_npz(mem.best_params).items():
             assert _rel(w, z[k]) < 1e-4, k
