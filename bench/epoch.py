@@ -32,15 +32,11 @@ def main(argv=None) -> int:
     p.add_argument("--tensor-workers", type=int, default=2)
     args = p.parse_args(argv)
 
-    import jax
-    import jax.numpy as jnp
     import numpy as np
 
-    from ops.optim import dropout_seeds, make_optimizer
-    from ops.sparse import Adjacency
     from pipelines.config import TrainConfig
     from pipelines.data.synthetic import planted_partition
-    from pipelines.train import build_model, make_train_step, model_inputs
+    from pipelines.engine.bench import whole_graph_epochs
 
     t0 = time.perf_counter()
     graph = planted_partition(num_nodes=args.nodes, num_classes=args.classes,
@@ -48,33 +44,14 @@ def main(argv=None) -> int:
     gen_s = time.perf_counter() - t0
     cfg = TrainConfig(model="gcn", hidden=args.hidden, layers=args.layers, order=args.order, seed=args.seed,
                       dropout=0.5, epochs=args.epochs).resolved()
-    model = build_model(cfg, graph)
-    x, a = model_inputs(cfg, graph)
-    adj = Adjacency.from_scipy(a).to_device()
-    x = jnp.asarray(x)
-    labels = jnp.asarray(graph.labels)
-    mask = jnp.asarray(graph.train_mask)
-    params = model.init(jax.random.PRNGKey(args.seed))
-    tx = make_optimizer(cfg.lr, cfg.weight_decay, model.decay_mask(params))
-    opt_state = tx.init(params)
-    step = make_train_step(model, tx)
-    seeds = [jnp.asarray(dropout_seeds(args.seed, e, len(model.stages))) for e in range(args.epochs + 1)]
-    t0 = time.perf_counter()
-    params, opt_state, loss = step(params, opt_state, adj, x, labels, mask, seeds[0])
-    loss.block_until_ready()
-    jit_s = time.perf_counter() - t0
-    times = []
-    for e in range(1, args.epochs + 1):
-        t0 = time.perf_counter()
-        params, opt_state, loss = step(params, opt_state, adj, x, labels, mask, seeds[e])
-        loss.block_until_ready()
-        times.append(time.perf_counter() - t0)
+    w = whole_graph_epochs(graph, cfg, args.epochs)
+    times = w["times"]
     single = {
         "bench": "epoch", "engine": "whole-graph", "nodes": graph.num_nodes, "edges_directed": graph.num_edges,
         "features": args.features, "hidden": args.hidden, "classes": args.classes, "layers": args.layers,
-        "order": args.order, "stages": "-".join(s.kind for s in model.stages), "epochs": args.epochs,
-        "epoch_s_min": min(times), "epoch_s_median": float(np.median(times)), "jit_s": jit_s,
-        "generate_s": gen_s, "final_loss": float(loss), "peak_rss_mb": peak_rss_mb(), "cores": os.cpu_count(),
+        "order": args.order, "stages": w["stages"], "epochs": args.epochs,
+        "epoch_s_min": min(times), "epoch_s_median": float(np.median(times)), "jit_s": w["jit_s"],
+        "generate_s": gen_s, "final_loss": w["final_loss"], "peak_rss_mb": peak_rss_mb(), "cores": os.cpu_count(),
     }
     print(json.dumps(single), flush=True)
     if args.partitions:

@@ -63,16 +63,13 @@ def _nbytes(obj) -> int:
 
 def one(args) -> list[dict]:
     """One size, in this process: the whole-graph trainer (and the engine); returns the rows."""
-    import jax
     import jax.numpy as jnp
     import numpy as np
 
     jnp.zeros(1).block_until_ready()  # the runtime's own memory is part of the baseline
-    from ops.optim import dropout_seeds, make_optimizer
-    from ops.sparse import Adjacency
     from pipelines.config import TrainConfig
     from pipelines.data.synthetic import rmat
-    from pipelines.train import build_model, make_train_step, model_inputs
+    from pipelines.engine.bench import whole_graph_epochs
 
     m = args.one
     scale = max(int(round(np.log2(m / args.edge_factor))), 1)
@@ -84,51 +81,25 @@ def one(args) -> list[dict]:
         graph = degree_order(graph)
     cfg = TrainConfig(model="gcn", hidden=args.hidden, layers=2, seed=args.seed, dropout=0.5,
                       epochs=args.epochs).resolved()
-    model = build_model(cfg, graph)
-    x, a = model_inputs(cfg, graph)
-    t0 = time.perf_counter()
-    adj_host = Adjacency.from_scipy(a)
-    build_s = time.perf_counter() - t0
-    adj = adj_host.to_device()
-    del adj_host
-    xj = jnp.asarray(x)
-    labels = jnp.asarray(graph.labels)
-    mask = jnp.asarray(graph.train_mask)
-    array_bytes = _nbytes(adj) + int(xj.nbytes)
-    params = model.init(jax.random.PRNGKey(args.seed))
-    tx = make_optimizer(cfg.lr, cfg.weight_decay, model.decay_mask(params))
-    opt_state = tx.init(params)
-    step = make_train_step(model, tx)
-    seeds = [jnp.asarray(dropout_seeds(args.seed, e, len(model.stages))) for e in range(args.epochs + 1)]
-    t0 = time.perf_counter()
-    params, opt_state, loss = step(params, opt_state, adj, xj, labels, mask, seeds[0])
-    loss.block_until_ready()
-    jit_s = time.perf_counter() - t0
-    times, cpu = [], []
-    for e in range(1, args.epochs + 1):
-        t0, c0 = time.perf_counter(), time.process_time()
-        params, opt_state, loss = step(params, opt_state, adj, xj, labels, mask, seeds[e])
-        loss.block_until_ready()
-        times.append(time.perf_counter() - t0)
-        cpu.append(time.process_time() - c0)
+    w = whole_graph_epochs(graph, cfg, args.epochs)  # its device arrays are freed when it returns
+    times, cpu, array_bytes = w["times"], w["cpu"], w["array_bytes"]
     n, edges, F = graph.num_nodes, graph.num_edges // 2, args.features
     goal = GOAL_BYTES_PER_EDGE * edges + 4 * F * n
     peak = peak_rss_bytes() - base_rss
     med = float(np.median(times))
-    common = {"bench": "scaling", "edges": edges, "nodes": n, "nnz": int(a.nnz), "features": F,
+    common = {"bench": "scaling", "edges": edges, "nodes": n, "nnz": w["nnz"], "features": F,
               "hidden": args.hidden, "rmat_scale": scale, "order": args.order}
     # Seconds per edge from the fastest epoch: on a shared machine the median measures the neighbours too.
     rows = [{**common, "trainer": "whole-graph", "epochs": args.epochs, "epoch_s_median": med,
              "epoch_s_min": float(min(times)), "s_per_edge": float(min(times)) / edges,
              "s_per_edge_median": med / edges, "cpu_s_min": float(min(cpu)),
-             "cpu_s_per_edge": float(min(cpu)) / edges, "jit_s": jit_s, "generate_s": gen_s,
-             "adjacency_build_s": build_s, "array_bytes": array_bytes, "array_bytes_per_edge": array_bytes / edges,
+             "cpu_s_per_edge": float(min(cpu)) / edges, "jit_s": w["jit_s"], "generate_s": gen_s,
+             "adjacency_build_s": w["adjacency_build_s"], "array_bytes": array_bytes, "array_bytes_per_edge": array_bytes / edges,
              "memory_goal_bytes": goal, "memory_goal_ok": array_bytes <= goal,
              "peak_rss_delta_bytes": peak, "peak_rss_delta_per_edge": peak / edges,
-             "final_loss": float(loss), "cores": os.cpu_count()}]
+             "final_loss": w["final_loss"], "cores": os.cpu_count()}]
     print(json.dumps(rows[0]), flush=True)
     if args.engine:
-        del adj, xj, params, opt_state, step
         rows.append(engine_row(args, graph, cfg, common))
         print(json.dumps(rows[-1]), flush=True)
     return rows
@@ -164,7 +135,7 @@ def engine_row(args, graph, cfg, common: dict) -> dict:
     wall = time.perf_counter() - t0
     times = [row["epoch_s"] for row in r.history]
     med = float(np.median(times[1:]))
-    edges, n, F = common["edges"], common["nodes"], common["features"]
+    edges, F = common["edges"], common["features"]
     # Graph-server arrays, computed from the partition plan: per interval the block's CSR + transpose
     # (5 int32/float32 per stored entry, indptrs, ids) and the partition's feature columns (owned + ghosts).
     from pipelines.engine.partition import build_plan

@@ -1,12 +1,54 @@
-"""Engine benchmark helper: seconds per pipelined epoch and per-stage utilization, for bench/epoch.py."""
+"""Benchmark helpers: timed epochs of the whole-graph trainer and of the pipelined engine, for bench/."""
 from __future__ import annotations
 
 import dataclasses
+import time
 
 import numpy as np
 
 from pipelines.config import TrainConfig
 from pipelines.data.graph import Graph
+
+
+def whole_graph_epochs(graph: Graph, cfg: TrainConfig, epochs: int) -> dict:
+    """The whole-graph trainer's jitted step: one compiling epoch (`jit_s`), then `epochs` timed epochs, each
+    with wall (`times`) and process CPU seconds (`cpu`); `array_bytes` = the device adjacency + features,
+    `adjacency_build_s` = building the adjacency (CSR + transpose) on the host."""
+    import jax
+    import jax.numpy as jnp
+
+    from ops.optim import dropout_seeds, make_optimizer
+    from ops.sparse import Adjacency
+    from pipelines.train import build_model, make_train_step, model_inputs
+
+    model = build_model(cfg, graph)
+    x, a = model_inputs(cfg, graph)
+    t0 = time.perf_counter()
+    adj_host = Adjacency.from_scipy(a)
+    build_s = time.perf_counter() - t0
+    adj = adj_host.to_device()
+    del adj_host
+    xj, labels, mask = jnp.asarray(x), jnp.asarray(graph.labels), jnp.asarray(graph.train_mask)
+    array_bytes = sum(int(np.asarray(v).nbytes if not hasattr(v, "nbytes") else v.nbytes)
+                      for v in jax.tree_util.tree_leaves(adj)) + int(xj.nbytes)
+    params = model.init(jax.random.PRNGKey(cfg.seed))
+    tx = make_optimizer(cfg.lr, cfg.weight_decay, model.decay_mask(params))
+    opt_state = tx.init(params)
+    step = make_train_step(model, tx)
+    seeds = [jnp.asarray(dropout_seeds(cfg.seed, e, len(model.stages))) for e in range(epochs + 1)]
+    t0 = time.perf_counter()
+    params, opt_state, loss = step(params, opt_state, adj, xj, labels, mask, seeds[0])
+    loss.block_until_ready()
+    jit_s = time.perf_counter() - t0
+    times, cpu = [], []
+    for e in range(1, epochs + 1):
+        t0, c0 = time.perf_counter(), time.process_time()
+        params, opt_state, loss = step(params, opt_state, adj, xj, labels, mask, seeds[e])
+        loss.block_until_ready()
+        times.append(time.perf_counter() - t0)
+        cpu.append(time.process_time() - c0)
+    return {"times": times, "cpu": cpu, "jit_s": jit_s, "final_loss": float(loss), "array_bytes": array_bytes,
+            "adjacency_build_s": build_s, "nnz": int(a.nnz), "stages": "-".join(s.kind for s in model.stages)}
 
 
 def engine_epochs(graph: Graph, cfg: TrainConfig, *, partitions: int, intervals: int, staleness: int | None,
