@@ -1,7 +1,6 @@
 """The whole-graph trainer: one partition, one interval, the model's stages composed into one jitted step."""
 from __future__ import annotations
 
-import dataclasses
 import time
 from pathlib import Path
 
@@ -12,53 +11,17 @@ import optax
 
 from ops import dense, models
 from ops.optim import dropout_seeds, make_optimizer
-from ops.sparse import Adjacency
+from ops.spec import ModelSpec
 from pipelines import rundir
 from pipelines.config import TrainConfig
-from pipelines.data.graph import Graph, gcn_normalize, row_normalize
+from pipelines.data.graph import Graph
+from pipelines.epochs import (EarlyStopping, Evaluator, TrainResult, device_graph, model_inputs,  # noqa: F401
+                              progress, summary_head, write_result)
 
 
 def build_model(cfg: TrainConfig, graph: Graph) -> models.Model:
-    """The model a config names, sized for a graph."""
-    if cfg.model == "gcn":
-        hidden = (cfg.hidden,) * (cfg.layers - 1)
-        return models.gcn(graph.feature_dim, hidden, graph.num_classes, dropout=cfg.dropout, order=cfg.order)
-    return models.gat(graph.feature_dim, cfg.hidden, graph.num_classes, heads=cfg.heads, out_heads=cfg.out_heads,
-                      layers=cfg.layers, dropout=cfg.dropout)
-
-
-def model_inputs(cfg: TrainConfig, graph: Graph):
-    """Features after the configured normalization, and the normalized adjacency the model gathers over.
-
-    GCN gathers over Â = D^-1/2 (A+I) D^-1/2; GAT over A+I with unit values (its weights are attention).
-    """
-    x = row_normalize(graph.features) if cfg.feature_norm == "row" else graph.features
-    a = gcn_normalize(graph.adj)
-    if cfg.model == "gat":
-        a = a.copy()
-        a.data[:] = 1.0
-    return x, a
-
-
-@dataclasses.dataclass
-class TrainResult:
-    params: dict
-    best_params: dict
-    history: list[dict]
-    summary: dict
-    opt_state: object = None    # the optimizer state after the last step (warm starts continue from it)
-
-
-def _tree_to_npz(params: dict, prefix: str = "") -> dict[str, np.ndarray]:
-    return {f"{prefix}{k}/{n}": np.asarray(v) for k, p in params.items() for n, v in p.items()}
-
-
-def npz_to_tree(arrays) -> dict:
-    out: dict = {}
-    for key in arrays.files if hasattr(arrays, "files") else arrays:
-        stage, name = key.split("/", 1)
-        out.setdefault(stage, {})[name] = jnp.asarray(arrays[key])
-    return out
+    """The model a config names, sized for a graph (`ops.spec.ModelSpec.for_graph(cfg, graph).build()`)."""
+    return ModelSpec.for_graph(cfg, graph).build()
 
 
 def make_train_step(model: models.Model, tx):
@@ -77,59 +40,6 @@ def make_train_step(model: models.Model, tx):
     return jax.jit(step, donate_argnums=(0, 1))
 
 
-class Evaluator:
-    """Jitted evaluation (no dropout): loss and correct counts for train/val/test masks in one pass."""
-
-    def __init__(self, model: models.Model):
-        def evaluate(params, adj, x, labels, masks):
-            logits = models.forward(model, params, adj, x, None)
-            out = []
-            for m in masks:
-                s, n = dense.softmax_cross_entropy(logits, labels, m)
-                out.append((s, n, dense.correct_count(logits, labels, m)))
-            return out
-
-        self.fn = jax.jit(evaluate)
-
-    def __call__(self, params, adj, x, labels, masks) -> dict:
-        res = self.fn(params, adj, x, labels, masks)
-        names = ("train", "val", "test")
-        row = {}
-        for name, (s, n, c) in zip(names, res):
-            n = max(float(n), 1.0)
-            row[f"{name}_loss"] = float(s) / n
-            row[f"{name}_acc"] = float(c) / n
-        return row
-
-
-class EarlyStopping:
-    """Tracks the best validation epoch (higher accuracy, then lower loss) and stops after `patience` epochs."""
-
-    def __init__(self, patience: int):
-        self.patience = patience
-        self.best = None
-        self.best_epoch = -1
-        self.bad = 0
-
-    def update(self, epoch: int, row: dict) -> bool:
-        key = (row["val_acc"], -row["val_loss"])
-        if self.best is None or key > self.best:
-            self.best, self.best_epoch, self.bad = key, epoch, 0
-            return True
-        self.bad += 1
-        return False
-
-    @property
-    def should_stop(self) -> bool:
-        return self.patience > 0 and self.bad >= self.patience
-
-
-def progress(total: int, enabled: bool, desc: str):
-    from tqdm.auto import tqdm
-
-    return tqdm(total=total, disable=not enabled, desc=desc, unit="epoch", leave=False, dynamic_ncols=True)
-
-
 def train(cfg: TrainConfig, graph: Graph, out: Path | None = None, show_progress: bool = False,
           init_params: dict | None = None, init_opt_state=None) -> TrainResult:
     """Full-graph training on one machine; writes metrics, weights and the summary into `out` if given.
@@ -137,11 +47,7 @@ def train(cfg: TrainConfig, graph: Graph, out: Path | None = None, show_progress
     init_params / init_opt_state (optional) warm-start from earlier weights and optimizer state (continuous
     training continues each round from the previous one); by default both are initialized from cfg.seed."""
     model = build_model(cfg, graph)
-    x, a = model_inputs(cfg, graph)
-    adj = Adjacency.from_scipy(a).to_device()
-    x = jnp.asarray(x)
-    labels = jnp.asarray(graph.labels)
-    masks = tuple(jnp.asarray(m) for m in (graph.train_mask, graph.val_mask, graph.test_mask))
+    g = device_graph(cfg, graph)
     params = model.init(jax.random.PRNGKey(cfg.seed))
     if init_params is not None:
         params = jax.tree_util.tree_map(jnp.array, init_params)  # copies: the step donates its inputs
@@ -162,12 +68,12 @@ def train(cfg: TrainConfig, graph: Graph, out: Path | None = None, show_progress
         for epoch in range(cfg.epochs):
             seeds = jnp.asarray(dropout_seeds(cfg.seed, epoch, len(model.stages)))
             t0 = time.perf_counter()
-            params, opt_state, loss = step(params, opt_state, adj, x, labels, masks[0], seeds)
+            params, opt_state, loss = step(params, opt_state, g.adj, g.x, g.labels, g.masks[0], seeds)
             loss = float(loss)
             dt = time.perf_counter() - t0
             if epoch == 0:
                 jit_s = dt  # the first step compiles; epoch_s below excludes it on later epochs
-            row = {"epoch": epoch, "loss": loss, **evaluator(params, adj, x, labels, masks), "epoch_s": dt}
+            row = {"epoch": epoch, "loss": loss, **evaluator.on(g, params), "epoch_s": dt}
             history.append(row)
             if log:
                 log.write(row)
@@ -182,27 +88,8 @@ def train(cfg: TrainConfig, graph: Graph, out: Path | None = None, show_progress
         if log:
             log.close()
     seconds = time.perf_counter() - t_start
-    best = history[stopper.best_epoch]
-    epoch_times = [r["epoch_s"] for r in history[1:]] or [history[0]["epoch_s"]]
-    summary = {
-        "status": "complete",
-        "dataset": graph.summary(),
-        "model": cfg.model,
-        "engine": "whole-graph",
-        "epochs": len(history),
-        "best_epoch": stopper.best_epoch,
-        "best_val_acc": best["val_acc"],
-        "test_acc": best["test_acc"],
-        "train_acc": best["train_acc"],
-        "final_loss": history[-1]["loss"],
-        "seconds": seconds,
-        "jit_s": jit_s,
-        "epoch_s_median": float(np.median(epoch_times)),
-        "seed": cfg.seed,
-    }
-    if out is not None:
-        rundir.atomic_write_npz(out / "weights.npz", _tree_to_npz(best_params))
-        rundir.atomic_write_json(out / "summary.json", summary)
+    summary = summary_head(cfg, graph, "whole-graph", history, stopper.best_epoch, seconds, jit_s=jit_s)
+    write_result(out, best_params, summary)
     params = jax.tree_util.tree_map(np.asarray, params)
     opt_state = jax.tree_util.tree_map(np.asarray, opt_state)
     return TrainResult(params, best_params, history, summary, opt_state)

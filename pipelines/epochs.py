@@ -1,0 +1,164 @@
+"""What every trainer shares per epoch and at its end: the device copy of the graph, evaluation, early
+stopping, the progress bar, the summary's common keys and the run directory's weights and summary.
+
+The whole-graph trainer (`pipelines.train`) and the engine's epoch driver (`pipelines.engine.driver`, used by
+the in-memory engine and the Kafka driver) both build on these, so an epoch's row, the best-epoch rule and the
+summary mean the same in every run directory.
+"""
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ops import dense, models
+from ops import params as P
+from ops.sparse import Adjacency
+from pipelines import rundir
+from pipelines.config import TrainConfig
+from pipelines.data.graph import Graph, gcn_normalize, row_normalize
+
+#: an epoch's accuracy columns when the driver skips evaluation (benchmarks time the pipeline alone)
+NO_EVALUATION = {"train_acc": None, "val_acc": 0.0, "val_loss": 0.0, "test_acc": None}
+
+
+@dataclasses.dataclass
+class TrainResult:
+    """params: the weights after the last epoch; best_params: those of the best validation epoch; history:
+    one row per epoch (as in metrics.jsonl); summary: as in summary.json."""
+
+    params: dict
+    best_params: dict
+    history: list[dict]
+    summary: dict
+    opt_state: object = None    # the optimizer state after the last step (warm starts continue from it)
+
+
+def model_inputs(cfg: TrainConfig, graph: Graph):
+    """Features after the configured normalization, and the normalized adjacency the model gathers over.
+
+    GCN gathers over Â = D^-1/2 (A+I) D^-1/2; GAT over A+I with unit values (its weights are attention).
+    """
+    x = row_normalize(graph.features) if cfg.feature_norm == "row" else graph.features
+    a = gcn_normalize(graph.adj)
+    if cfg.model == "gat":
+        a = a.copy()
+        a.data[:] = 1.0
+    return x, a
+
+
+class DeviceGraph(NamedTuple):
+    """The whole graph on the device: adjacency, features, labels and the (train, val, test) masks."""
+
+    adj: Adjacency
+    x: jax.Array
+    labels: jax.Array
+    masks: tuple
+
+
+def device_graph(cfg: TrainConfig, graph: Graph) -> DeviceGraph:
+    """The model's inputs (`model_inputs`) and the graph's labels and masks as device arrays."""
+    x, a = model_inputs(cfg, graph)
+    masks = tuple(jnp.asarray(m) for m in (graph.train_mask, graph.val_mask, graph.test_mask))
+    return DeviceGraph(Adjacency.from_scipy(a).to_device(), jnp.asarray(x), jnp.asarray(graph.labels), masks)
+
+
+class Evaluator:
+    """Jitted evaluation (no dropout): loss and correct counts for train/val/test masks in one pass."""
+
+    def __init__(self, model: models.Model):
+        def evaluate(params, adj, x, labels, masks):
+            logits = models.forward(model, params, adj, x, None)
+            out = []
+            for m in masks:
+                s, n = dense.softmax_cross_entropy(logits, labels, m)
+                out.append((s, n, dense.correct_count(logits, labels, m)))
+            return out
+
+        self.fn = jax.jit(evaluate)
+
+    def __call__(self, params, adj, x, labels, masks) -> dict:
+        res = self.fn(params, adj, x, labels, masks)
+        names = ("train", "val", "test")
+        row = {}
+        for name, (s, n, c) in zip(names, res):
+            n = max(float(n), 1.0)
+            row[f"{name}_loss"] = float(s) / n
+            row[f"{name}_acc"] = float(c) / n
+        return row
+
+    def on(self, g: DeviceGraph, params) -> dict:
+        """The evaluation row of `params` on a device graph."""
+        return self(params, g.adj, g.x, g.labels, g.masks)
+
+
+class EarlyStopping:
+    """Tracks the best validation epoch (higher accuracy, then lower loss) and stops after `patience` epochs."""
+
+    def __init__(self, patience: int):
+        self.patience = patience
+        self.best = None
+        self.best_epoch = -1
+        self.bad = 0
+
+    def update(self, epoch: int, row: dict) -> bool:
+        key = (row["val_acc"], -row["val_loss"])
+        if self.best is None or key > self.best:
+            self.best, self.best_epoch, self.bad = key, epoch, 0
+            return True
+        self.bad += 1
+        return False
+
+    @property
+    def should_stop(self) -> bool:
+        return self.patience > 0 and self.bad >= self.patience
+
+
+def progress(total: int, enabled: bool, desc: str):
+    """A tqdm bar over epochs (disabled unless `enabled`)."""
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, disable=not enabled, desc=desc, unit="epoch", leave=False, dynamic_ncols=True)
+
+
+def summary_head(cfg: TrainConfig, graph: Graph, engine: str, history: list[dict], best_epoch: int,
+                 seconds: float, start: int = 0, **extra) -> dict:
+    """The summary keys every run has: what was trained, the best validation epoch's accuracies, the time.
+
+    start: the first epoch this incarnation trained (a resumed run's median skips the epochs before it and its
+    first, which compiles); extra: keys inserted after ``seconds`` (e.g. ``jit_s``)."""
+    best = history[best_epoch]
+    epoch_times = [r["epoch_s"] for r in history[start + 1:]] or [history[-1]["epoch_s"]]
+    return {
+        "status": "complete",
+        "dataset": graph.summary(),
+        "model": cfg.model,
+        "engine": engine,
+        "epochs": len(history),
+        "best_epoch": best_epoch,
+        "best_val_acc": best["val_acc"],
+        "test_acc": best["test_acc"],
+        "train_acc": best["train_acc"],
+        "final_loss": history[-1]["loss"],
+        "seconds": seconds,
+        **extra,
+        "epoch_s_median": float(np.median(epoch_times)),
+        "seed": cfg.seed,
+    }
+
+
+def write_weights(out: Path, params: dict) -> None:
+    """weights.npz (atomically): the parameters under their flat ``stage/param`` names."""
+    rundir.atomic_write_npz(Path(out) / "weights.npz", P.flatten(params))
+
+
+def write_result(out: Path | None, best_params: dict, summary: dict) -> None:
+    """The end of a run directory: weights.npz of the best epoch, then summary.json (last, atomically)."""
+    if out is None:
+        return
+    write_weights(out, best_params)
+    rundir.atomic_write_json(Path(out) / "summary.json", summary)
