@@ -23,7 +23,7 @@ Event (a JSON object; ``event_version`` 1)::
       {"kafka": {"bootstrap": "host:port", "topic": "t", "partition": 0, "offset": 42}}
 
 The task message is a ``tensor_batch`` (see :mod:`schemas.messages`): routing fields in the schema metadata
-(``kind``; ``layer`` = the engine's stage index; ``epoch``, ``interval``, ``partition``; ``version`` = the weight
+(``kind``; ``stage`` = the engine's stage index; ``epoch``, ``interval``, ``partition``; ``version`` = the weight
 version), the model spec and task settings (``model``, ``seed``, ``scale``, ``wrt``, ``attempt``) in
 ``dorylus.meta``, and the arrays as columns. The weights message must carry the same version.
 
@@ -53,15 +53,17 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from ops import params as P
 import schemas
 from schemas import MessageType, SchemaError
+from schemas.tasks import TENSOR_TASK_KINDS
 
 EVENT_VERSION = 1
 #: Lambda's limit on a synchronous (RequestResponse) invocation's request and response payloads: 6 MB.
 INVOKE_LIMIT_BYTES = 6 * 1024 * 1024
 #: The largest task input (bytes of Arrow IPC) a handler accepts by reference; env DORYLUS_MAX_INPUT_BYTES.
 DEFAULT_MAX_INPUT_BYTES = 2 * 1024 ** 3
-TENSOR_KINDS = ("AV", "AE", "LAST", "LOSS", "AV_BWD", "AE_BWD")
+TENSOR_KINDS = TENSOR_TASK_KINDS
 REF_KINDS = ("inline", "s3", "kafka")
 
 _INT_ARRAYS = ("row_gids", "labels", "indices", "indptr", "row_ids", "col_gids")
@@ -241,14 +243,11 @@ _WEIGHTS_CACHE_SIZE = 4
 
 
 def unflatten(flat: Mapping[str, np.ndarray]) -> dict:
-    """{"stage/param": array} -> {stage: {param: array}} (the parameter server's flat naming)."""
-    out: dict = {}
-    for key, v in flat.items():
-        if "/" not in key:
-            raise HandlerError("InvalidWeights", f"weights: parameter name {key!r} is not 'stage/param'")
-        stage, name = key.split("/", 1)
-        out.setdefault(stage, {})[name] = v
-    return out
+    """{"stage/param": array} -> {stage: {param: array}} (`ops.params`); InvalidWeights for any other name."""
+    try:
+        return P.unflatten(flat, strict=True)
+    except P.ParamNameError as e:
+        raise HandlerError("InvalidWeights", f"weights: {e}") from None
 
 
 def _load_weights(ref: Any) -> tuple[int, dict, int, bool]:
@@ -354,7 +353,7 @@ def check_task(env, params: dict) -> tuple[Any, int, dict, dict]:
     spec_json = json.dumps(spec, sort_keys=True)
     model = _model(spec_json)
     stages = model.stages
-    s = env.layer
+    s = env.stage
     _need(0 <= s < len(stages), f"{kind} task: stage {s} does not exist (the model has {len(stages)} stages)")
     st = stages[s]
     if kind == "LOSS":
@@ -520,20 +519,20 @@ def _handle(event: Any, context: Any, t0: float, cold: bool) -> dict:
 
     result, grads, scalars = run_tensor_task(model, env.kind, s, params, arrays, meta)
     result = {k: np.asarray(v) for k, v in result.items()}
-    grads = {f"{st}/{n}": np.asarray(v) for st, p in grads.items() for n, v in p.items()}
+    grads = P.flatten(grads)
     compute_s = time.perf_counter() - t1
     attempt = meta.get("attempt", 0)
-    routing = dict(kind=env.kind, run_id=env.run_id, epoch=env.epoch, layer=env.layer, interval=env.interval,
+    routing = dict(kind=env.kind, run_id=env.run_id, epoch=env.epoch, stage=env.stage, interval=env.interval,
                    partition=env.partition)
     res_bytes = schemas.encode(schemas.tensor_batch(tensors=result, version=env.version,
                                                     meta={"attempt": attempt, **scalars}, **routing), comp)
     g_bytes = None
     if grads:
         g_bytes = schemas.encode(schemas.gradients(env.run_id, env.epoch, env.version, grads, kind=env.kind,
-                                                   layer=env.layer, interval=env.interval,
+                                                   stage=env.stage, interval=env.interval,
                                                    partition=env.partition), comp)
     resp = {"ok": True, "event_version": EVENT_VERSION,
-            "task": {"kind": env.kind, "epoch": env.epoch, "stage": env.layer, "interval": env.interval,
+            "task": {"kind": env.kind, "epoch": env.epoch, "stage": env.stage, "interval": env.interval,
                      "partition": env.partition, "version": env.version, "attempt": attempt},
             "result": {"inline": base64.b64encode(res_bytes).decode("ascii")},
             "grads": None if g_bytes is None else {"inline": base64.b64encode(g_bytes).decode("ascii")},

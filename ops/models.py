@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 
 from ops import dense, sparse
+from schemas.tasks import StageKind
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,15 +39,15 @@ class Stage:
 
     @property
     def reads_cols(self) -> tuple[str, ...]:
-        if self.kind == "GA":
+        if self.kind == StageKind.GA:
             return ("h",)
-        if self.kind == "AE":
+        if self.kind == StageKind.AE:
             return ("s_src",)
         return ()
 
     @property
     def has_params(self) -> bool:
-        return self.kind in ("AV", "LOSS") and (self.kind == "AV" or self.b_in)
+        return self.kind in (StageKind.AV, StageKind.LOSS) and (self.kind == StageKind.AV or self.b_in)
 
 
 class Model(NamedTuple):
@@ -73,7 +74,7 @@ def _init(stages: tuple[Stage, ...]) -> Callable[[jax.Array], dict]:
                 continue
             key, k1, k2, k3 = jax.random.split(key, 4)
             p = {}
-            if st.kind == "AV":
+            if st.kind == StageKind.AV:
                 width = st.out_dim * max(st.heads, 1)
                 p["w"] = _glorot(k1, (st.in_dim, width))
                 if st.heads:
@@ -108,20 +109,20 @@ def gcn(in_dim: int, hidden: int | tuple[int, ...], num_classes: int, *, dropout
         d_in, d_out = dims[layer], dims[layer + 1]
         act = None if layer == last else "relu"
         ga_first = order == "ga-first" or (order == "auto" and d_in <= d_out)
-        av = dict(kind="AV", layer=layer, in_dim=d_in, out_dim=d_out, act_in=pending_act, b_in=pending_bias,
+        av = dict(kind=StageKind.AV, layer=layer, in_dim=d_in, out_dim=d_out, act_in=pending_act, b_in=pending_bias,
                   rate=dropout)
         if ga_first:
-            stages.append(Stage(kind="GA", layer=layer, index=len(stages), name=f"ga{layer}"))
+            stages.append(Stage(kind=StageKind.GA, layer=layer, index=len(stages), name=f"ga{layer}"))
             stages.append(Stage(index=len(stages), name=f"av{layer}", act_out=act, b_out=True, **av))
             pending_bias, pending_act = False, None
         else:
             stages.append(Stage(index=len(stages), name=f"av{layer}", **av))
-            stages.append(Stage(kind="GA", layer=layer, index=len(stages), name=f"ga{layer}"))
+            stages.append(Stage(kind=StageKind.GA, layer=layer, index=len(stages), name=f"ga{layer}"))
             pending_bias, pending_act = True, act
-    stages.append(Stage(kind="LOSS", layer=last, index=len(stages), name="loss", in_dim=num_classes,
+    stages.append(Stage(kind=StageKind.LOSS, layer=last, index=len(stages), name="loss", in_dim=num_classes,
                         b_in=pending_bias))
     stages_t = tuple(stages)
-    first = stages_t[0].name if stages_t[0].kind == "AV" else stages_t[1].name
+    first = stages_t[0].name if stages_t[0].kind == StageKind.AV else stages_t[1].name
 
     def decay_mask(params):
         return {k: {n: (n == "w" and (decay_all or k == first)) for n in v} for k, v in params.items()}
@@ -143,15 +144,15 @@ def gat(in_dim: int, hidden: int, num_classes: int, *, heads: int = 8, out_heads
         is_last = layer == layers - 1
         h = out_heads if is_last else heads
         d_out = num_classes if is_last else hidden
-        stages.append(Stage(kind="AV", layer=layer, index=len(stages), name=f"av{layer}", in_dim=d_in,
+        stages.append(Stage(kind=StageKind.AV, layer=layer, index=len(stages), name=f"av{layer}", in_dim=d_in,
                             out_dim=d_out, heads=h, act_in=None if layer == 0 else "elu", b_in=layer > 0,
                             rate=dropout))
-        stages.append(Stage(kind="AE", layer=layer, index=len(stages), name=f"ae{layer}", heads=h, rate=dropout,
+        stages.append(Stage(kind=StageKind.AE, layer=layer, index=len(stages), name=f"ae{layer}", heads=h, rate=dropout,
                             negative_slope=negative_slope))
-        stages.append(Stage(kind="GA", layer=layer, index=len(stages), name=f"ga{layer}", heads=h, weighted=True,
+        stages.append(Stage(kind=StageKind.GA, layer=layer, index=len(stages), name=f"ga{layer}", heads=h, weighted=True,
                             concat_heads=not is_last))
         d_in = d_out * h
-    stages.append(Stage(kind="LOSS", layer=layers - 1, index=len(stages), name="loss", in_dim=num_classes,
+    stages.append(Stage(kind=StageKind.LOSS, layer=layers - 1, index=len(stages), name="loss", in_dim=num_classes,
                         heads=out_heads, b_in=True))
     stages_t = tuple(stages)
 
@@ -177,17 +178,17 @@ def run_stage(stage: Stage, params: dict, state: dict, adj: sparse.Adjacency, se
     block's columns (owned and ghost vertices); everything else covers its rows. `seed` (uint32) keys dropout;
     None disables it (evaluation).
     """
-    if stage.kind == "AV":
+    if stage.kind == StageKind.AV:
         rate = stage.rate if seed is not None else 0.0
         out = dense.apply_vertex(params[stage.name], state["h"], act_in=stage.act_in, act_out=stage.act_out,
                                  rate=rate, seed=seed, row_gids=adj.row_gids, heads=stage.heads)
         return {"h": out.pop("z"), **out}
-    if stage.kind == "AE":
+    if stage.kind == StageKind.AE:
         rate = stage.rate if seed is not None else 0.0
         alpha = dense.apply_edge(state["s_src"], state["s_dst"], adj, negative_slope=stage.negative_slope,
                                  rate=rate, seed=seed)
         return {"alpha": alpha}
-    if stage.kind == "GA":
+    if stage.kind == StageKind.GA:
         h = state["h"]
         if stage.weighted:
             out = sparse.gather_weighted(adj, state["alpha"], h)
@@ -203,7 +204,7 @@ def forward(model: Model, params: dict, adj: sparse.Adjacency, x: jax.Array, see
     """
     state = {"h": x}
     for st in model.stages:
-        if st.kind == "LOSS":
+        if st.kind == StageKind.LOSS:
             return logits_of(st, params, state["h"])
         seed = None if seeds is None else seeds[st.index]
         state = {**state, **run_stage(st, params, state, adj, seed)}
@@ -234,11 +235,11 @@ _cached_gat = _freeze(gat)
 
 def writes(stage: Stage) -> tuple[str, ...]:
     """Named tensors a stage produces: vertex rows for AV/GA, per-edge values for AE."""
-    if stage.kind == "AV":
+    if stage.kind == StageKind.AV:
         return ("h", "s_src", "s_dst") if stage.heads else ("h",)
-    if stage.kind == "AE":
+    if stage.kind == StageKind.AE:
         return ("alpha",)
-    if stage.kind == "GA":
+    if stage.kind == StageKind.GA:
         return ("h",)
     return ()
 
@@ -246,11 +247,11 @@ def writes(stage: Stage) -> tuple[str, ...]:
 def reads(stage: Stage) -> dict[str, str]:
     """Named tensors a stage consumes and where: "rows" (its block's rows), "cols" (columns: ghosts too) or
     "edges" (per-edge values of the same block)."""
-    if stage.kind in ("AV", "LOSS"):
+    if stage.kind in (StageKind.AV, StageKind.LOSS):
         return {"h": "rows"}
-    if stage.kind == "AE":
+    if stage.kind == StageKind.AE:
         return {"s_src": "cols", "s_dst": "rows"}
-    if stage.kind == "GA":
+    if stage.kind == StageKind.GA:
         return {"h": "cols", "alpha": "edges"} if stage.weighted else {"h": "cols"}
     return {}
 

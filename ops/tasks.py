@@ -14,6 +14,7 @@ import jax.numpy as jnp
 
 from ops import dense, models
 from ops.models import Stage
+from schemas.tasks import StageKind, TaskKind
 
 
 class Rows(NamedTuple):
@@ -116,26 +117,26 @@ def run_tensor_task(model: models.Model, kind: str, stage_index: int, params: di
     scalar statistics). kinds: AV, AE (forward), LAST (fused AV + loss + backward), LOSS, AV_BWD, AE_BWD."""
     st = model.stages[stage_index]
     seed = None if meta.get("seed") is None else jnp.uint32(meta["seed"])
-    if kind in ("LAST", "LOSS"):
+    if kind in (TaskKind.LAST, TaskKind.LOSS):
         loss_stage = model.stages[-1]
-        av = st if kind == "LAST" else None
+        av = st if kind == TaskKind.LAST else None
         names = [s.name for s in (av, loss_stage) if s is not None and s.has_params]
         p = {n: params[n] for n in names}
         s, n, c, gp, gh = loss_fn(loss_stage, av)(p, arrays["h"], Rows(arrays["row_gids"]), arrays["labels"],
                                                   arrays["mask"], seed, jnp.float32(meta["scale"]))
         return {"dh": gh}, gp, {"loss_sum": float(s), "count": float(n), "correct": float(c)}
     p = params.get(st.name, {})
-    if st.kind == "AV":
+    if st.kind == StageKind.AV:
         adj = Rows(arrays["row_gids"])
         inputs = {"h": arrays["h"]}
-    elif st.kind == "AE":
+    elif st.kind == StageKind.AE:
         adj = block_from_arrays(arrays, arrays["s_dst"].shape[0], arrays["s_src"].shape[0])
         inputs = {"s_src": arrays["s_src"], "s_dst": arrays["s_dst"]}
     else:
         raise ValueError(f"stage {st.index} is {st.kind}, not a tensor stage")
-    if kind in ("AV", "AE"):
+    if kind in (TaskKind.AV, TaskKind.AE):
         return dict(forward_fn(st)(p, inputs, adj, seed)), {}, {}
-    if kind in ("AV_BWD", "AE_BWD"):
+    if kind in (TaskKind.AV_BWD, TaskKind.AE_BWD):
         out_grads = {k[2:]: v for k, v in arrays.items() if k.startswith("g_")}
         wrt = tuple(meta.get("wrt", ()))
         gp, gin = backward_fn(st, wrt)(p, inputs, adj, seed, out_grads)

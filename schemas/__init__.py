@@ -1,15 +1,18 @@
 """Arrow schemas of every message and every file the project writes; encode/decode with validation. No compute.
 
 Imports only pyarrow, numpy and the standard library, so a Lambda handler or any Kafka consumer can use it
-alone. Messages: :mod:`schemas.messages`; files: :mod:`schemas.files`.
+alone. Messages: :mod:`schemas.messages`; files: :mod:`schemas.files`; the task vocabulary and the
+engine's message record: :mod:`schemas.tasks`.
 """
 
 from .messages import (
     COMPRESSIONS,
     CONTROL_SCHEMA,
+    MESSAGE_SCHEMA_VERSION,
     PARAMS_SCHEMA,
     ROUTING_FIELDS,
     SCHEMA_VERSION,
+    SUPPORTED_MESSAGE_SCHEMA_VERSIONS,
     SUPPORTED_SCHEMA_VERSIONS,
     TENSOR_BATCH_DTYPES,
     WATERMARK_SCHEMA,
@@ -20,6 +23,7 @@ from .messages import (
     SchemaError,
     TaskKind,
     Watermark,
+    WireMessage,
     arrow_schema,
     decode,
     decode_control,
@@ -35,14 +39,16 @@ from .messages import (
     vertex_block,
     weights,
 )
-from . import events, files
+from . import events, files, tasks
 
 __all__ = [
     "COMPRESSIONS",
     "CONTROL_SCHEMA",
+    "MESSAGE_SCHEMA_VERSION",
     "PARAMS_SCHEMA",
     "ROUTING_FIELDS",
     "SCHEMA_VERSION",
+    "SUPPORTED_MESSAGE_SCHEMA_VERSIONS",
     "SUPPORTED_SCHEMA_VERSIONS",
     "TENSOR_BATCH_DTYPES",
     "WATERMARK_SCHEMA",
@@ -53,6 +59,7 @@ __all__ = [
     "SchemaError",
     "TaskKind",
     "Watermark",
+    "WireMessage",
     "arrow_schema",
     "decode",
     "decode_control",
@@ -65,6 +72,7 @@ __all__ = [
     "files",
     "gradients",
     "peek_header",
+    "tasks",
     "tensor_batch",
     "to_record_batch",
     "vertex_block",

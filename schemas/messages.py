@@ -17,7 +17,7 @@ Message types (schema metadata ``dorylus.type``) and their columns:
                   (row-major, ``len(data) == prod(shape)``); the weight version is the routing ``version``.
 ``weights``       a weight version: the same columns as ``gradients``.
 ``watermark``     one row per mark: ``producer: string``, ``partition: int32``, ``epoch: int64``,
-                  ``layer: int32``, ``channel: string``.
+                  ``stage: int32``, ``channel: string`` (version 1: ``layer`` for ``stage``).
 ``control``       one row: ``command: string``, ``args: string`` (a JSON object).
 ``tensor_batch``  named tensors of any shape and numeric/bool dtype (a tensor task's inputs or results, e.g.
                   features, CSR block arrays, labels and masks together): exactly one row, one column per
@@ -28,11 +28,14 @@ Message types (schema metadata ``dorylus.type``) and their columns:
 
 Routing fields live in the schema metadata (all values are UTF-8 strings):
 
-``dorylus.schema_version`` (``"1"``), ``dorylus.type``, ``dorylus.run_id``, ``dorylus.kind`` (task kind),
-``dorylus.epoch``, ``dorylus.layer``, ``dorylus.interval``, ``dorylus.partition``, ``dorylus.version``
-(decimal integers, ``-1`` where a field does not apply) and ``dorylus.meta`` (a JSON object).
+``dorylus.schema_version`` (``"2"``), ``dorylus.type``, ``dorylus.run_id``, ``dorylus.kind`` (task kind, a
+`schemas.tasks.TaskKind` word), ``dorylus.epoch``, ``dorylus.stage`` (the index in the model's stage list),
+``dorylus.interval``, ``dorylus.partition``, ``dorylus.version``
+(decimal integers, ``-1`` where a field does not apply) and ``dorylus.meta`` (a JSON object). Version 1
+messages (``dorylus.schema_version`` ``"1"``) named the stage index ``dorylus.layer`` (and the watermark column
+``layer``); they decode to the same objects.
 
-Why metadata and not columns: a message is one record batch for one (task, epoch, layer, interval), so the
+Why metadata and not columns: a message is one record batch for one (task, epoch, stage, interval), so the
 routing fields are constants of the message, not of its rows. As columns they would be repeated on every row
 and every reader would have to check that they are constant. In the metadata they are stated once, and they
 are in the stream's first (schema) message: a router can read them with :func:`peek_header` without touching
@@ -55,9 +58,14 @@ from typing import Any, Iterable, Mapping, Sequence, Union
 import numpy as np
 import pyarrow as pa
 
+from .tasks import TaskKind
+
 __all__ = [
     "SCHEMA_VERSION",
     "SUPPORTED_SCHEMA_VERSIONS",
+    "MESSAGE_SCHEMA_VERSION",
+    "SUPPORTED_MESSAGE_SCHEMA_VERSIONS",
+    "WireMessage",
     "ROUTING_FIELDS",
     "COMPRESSIONS",
     "SchemaError",
@@ -87,16 +95,21 @@ __all__ = [
     "PARAMS_SCHEMA",
 ]
 
+#: version of the files (`schemas.files`) and event streams (`schemas.events`)
 SCHEMA_VERSION = 1
 SUPPORTED_SCHEMA_VERSIONS = frozenset({1})
+#: version of the messages: 2 names the stage index ``stage`` (version 1 called it ``layer``; still decoded)
+MESSAGE_SCHEMA_VERSION = 2
+SUPPORTED_MESSAGE_SCHEMA_VERSIONS = frozenset({1, 2})
 
 K_SCHEMA_VERSION = "dorylus.schema_version"
 K_TYPE = "dorylus.type"
 K_META = "dorylus.meta"
 K_ROW_SHAPE = "dorylus.row_shape"
 K_SHAPE = "dorylus.shape"
-ROUTING_FIELDS = ("run_id", "kind", "epoch", "layer", "interval", "partition", "version")
-_INT_ROUTING = ("epoch", "layer", "interval", "partition", "version")
+ROUTING_FIELDS = ("run_id", "kind", "epoch", "stage", "interval", "partition", "version")
+_INT_ROUTING = ("epoch", "stage", "interval", "partition", "version")
+_V1_NAMES = {"stage": "layer"}  # version-1 names of the fields version 2 renamed (metadata keys and columns)
 
 #: accepted values of ``compression``; ``lz4`` is the LZ4 frame format of the Arrow IPC spec
 COMPRESSIONS = (None, "lz4", "zstd")
@@ -121,26 +134,6 @@ class MessageType(str, Enum):
         return self.value
 
 
-class TaskKind(str, Enum):
-    """Task kinds of the Dorylus pipeline. ``kind`` is any identifier; these are the ones the engine uses."""
-
-    GA = "GA"  # gather Â[i,:]·H (graph server)
-    AV = "AV"  # apply vertex σ(AH·W) (tensor worker)
-    SC = "SC"  # scatter ghost rows (graph server)
-    AE = "AE"  # apply edge: attention (tensor worker)
-    GA_BWD = "GA_BWD"  # ∇GA with Âᵀ
-    AV_BWD = "AV_BWD"  # ∇AV
-    SC_BWD = "SC_BWD"  # ∇SC
-    AE_BWD = "AE_BWD"  # ∇AE
-    LAST = "LAST"  # fused last layer: AV + loss + ∇AV
-    WU = "WU"  # weight update (parameter server)
-    WATERMARK = "WM"
-    CONTROL = "CTRL"
-
-    def __str__(self) -> str:
-        return self.value
-
-
 _ID_COLUMNS = {
     MessageType.VERTEX_BLOCK: ("vertex",),
     MessageType.EDGE_BLOCK: ("src", "dst"),
@@ -155,9 +148,11 @@ WATERMARK_SCHEMA = pa.schema([
     pa.field("producer", pa.string(), nullable=False),
     pa.field("partition", pa.int32(), nullable=False),
     pa.field("epoch", pa.int64(), nullable=False),
-    pa.field("layer", pa.int32(), nullable=False),
+    pa.field("stage", pa.int32(), nullable=False),
     pa.field("channel", pa.string(), nullable=False),
 ])
+_WATERMARK_SCHEMA_V1 = pa.schema([pa.field(_V1_NAMES.get(f.name, f.name), f.type, nullable=False)
+                                  for f in WATERMARK_SCHEMA])
 CONTROL_SCHEMA = pa.schema([
     pa.field("command", pa.string(), nullable=False),
     pa.field("args", pa.string(), nullable=False),
@@ -179,7 +174,7 @@ class Header:
     kind: str
     run_id: str
     epoch: int
-    layer: int
+    stage: int
     interval: int
     partition: int
     version: int
@@ -200,7 +195,7 @@ class Envelope:
     kind: str
     run_id: str
     epoch: int
-    layer: int
+    stage: int
     interval: int
     partition: int
     version: int
@@ -213,7 +208,7 @@ class Envelope:
 
     @property
     def header(self) -> Header:
-        return Header(MessageType(self.type), self.kind, self.run_id, self.epoch, self.layer, self.interval,
+        return Header(MessageType(self.type), self.kind, self.run_id, self.epoch, self.stage, self.interval,
                       self.partition, self.version, dict(self.meta))
 
     @property
@@ -232,13 +227,13 @@ class Envelope:
 
 @dataclasses.dataclass(frozen=True)
 class Watermark:
-    """Producer ``producer`` has completed (epoch, layer) for ``partition`` on ``channel``."""
+    """Producer ``producer`` has completed (epoch, stage) for ``partition`` on ``channel``."""
 
     run_id: str
     producer: str
     partition: int
     epoch: int
-    layer: int
+    stage: int
     channel: str
 
 
@@ -251,30 +246,31 @@ class Control:
     args: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
 
-Message = Union[Envelope, Watermark, Sequence[Watermark], Control]
+#: anything `encode` writes
+WireMessage = Union[Envelope, Watermark, Sequence[Watermark], Control]
 
 
-def vertex_block(kind: str, run_id: str, epoch: int, layer: int, interval: int, partition: int,
+def vertex_block(kind: str, run_id: str, epoch: int, stage: int, interval: int, partition: int,
                  vertex: np.ndarray, tensors: Mapping[str, np.ndarray], version: int = -1,
                  meta: Mapping[str, Any] | None = None) -> Envelope:
     """An :class:`Envelope` for rows of vertices (``tensors[name].shape[0] == len(vertex)``)."""
-    return Envelope(kind, run_id, epoch, layer, interval, partition, version, dict(tensors), dict(meta or {}),
+    return Envelope(kind, run_id, epoch, stage, interval, partition, version, dict(tensors), dict(meta or {}),
                     MessageType.VERTEX_BLOCK, vertex=vertex)
 
 
-def edge_block(kind: str, run_id: str, epoch: int, layer: int, interval: int, partition: int,
+def edge_block(kind: str, run_id: str, epoch: int, stage: int, interval: int, partition: int,
                src: np.ndarray, dst: np.ndarray, tensors: Mapping[str, np.ndarray] | None = None,
                version: int = -1, meta: Mapping[str, Any] | None = None) -> Envelope:
     """An :class:`Envelope` for per-edge values (``tensors[name].shape[0] == len(src) == len(dst)``)."""
-    return Envelope(kind, run_id, epoch, layer, interval, partition, version, dict(tensors or {}),
+    return Envelope(kind, run_id, epoch, stage, interval, partition, version, dict(tensors or {}),
                     dict(meta or {}), MessageType.EDGE_BLOCK, src=src, dst=dst)
 
 
 def gradients(run_id: str, epoch: int, version: int, grads: Mapping[str, np.ndarray], *,
-              kind: str = TaskKind.AV_BWD.value, layer: int = -1, interval: int = -1, partition: int = -1,
+              kind: str = TaskKind.AV_BWD.value, stage: int = -1, interval: int = -1, partition: int = -1,
               meta: Mapping[str, Any] | None = None) -> Envelope:
     """Parameter gradients computed with weight ``version`` (for the WU task)."""
-    return Envelope(kind, run_id, epoch, layer, interval, partition, version, dict(grads), dict(meta or {}),
+    return Envelope(kind, run_id, epoch, stage, interval, partition, version, dict(grads), dict(meta or {}),
                     MessageType.GRADIENTS)
 
 
@@ -285,11 +281,11 @@ def weights(run_id: str, version: int, params: Mapping[str, np.ndarray], *, epoc
                     MessageType.WEIGHTS)
 
 
-def tensor_batch(kind: str, run_id: str, epoch: int, layer: int, interval: int, partition: int,
+def tensor_batch(kind: str, run_id: str, epoch: int, stage: int, interval: int, partition: int,
                  tensors: Mapping[str, np.ndarray], version: int = -1,
                  meta: Mapping[str, Any] | None = None) -> Envelope:
     """An :class:`Envelope` of named tensors of any shape and dtype (see ``TENSOR_BATCH_DTYPES``)."""
-    return Envelope(kind, run_id, epoch, layer, interval, partition, version, dict(tensors), dict(meta or {}),
+    return Envelope(kind, run_id, epoch, stage, interval, partition, version, dict(tensors), dict(meta or {}),
                     MessageType.TENSOR_BATCH)
 
 
@@ -314,14 +310,14 @@ def _check_int(what: str, v: Any) -> int:
     return v
 
 
-def _metadata(mtype: MessageType, kind: str, run_id: str, epoch: int, layer: int, interval: int,
+def _metadata(mtype: MessageType, kind: str, run_id: str, epoch: int, stage: int, interval: int,
               partition: int, version: int, meta: Mapping[str, Any] | None) -> dict[str, str]:
     if not isinstance(run_id, str) or not run_id:
         raise SchemaError(f"run_id must be a non-empty string, got {run_id!r}")
     _check_name("task kind", str(kind) if isinstance(kind, Enum) else kind)
-    md = {K_SCHEMA_VERSION: str(SCHEMA_VERSION), K_TYPE: mtype.value, "dorylus.run_id": run_id,
+    md = {K_SCHEMA_VERSION: str(MESSAGE_SCHEMA_VERSION), K_TYPE: mtype.value, "dorylus.run_id": run_id,
           "dorylus.kind": str(kind)}
-    for name, v in zip(_INT_ROUTING, (epoch, layer, interval, partition, version)):
+    for name, v in zip(_INT_ROUTING, (epoch, stage, interval, partition, version)):
         md[f"dorylus.{name}"] = str(_check_int(name, v))
     meta = {} if meta is None else meta
     if not isinstance(meta, Mapping):
@@ -469,7 +465,7 @@ def _envelope_batch(env: Envelope) -> pa.RecordBatch:
         raise SchemaError(f"unknown message type {env.type!r}; known: {[t.value for t in MessageType]}") from None
     if mtype in (MessageType.WATERMARK, MessageType.CONTROL):
         raise SchemaError(f"an Envelope cannot be a {mtype.value} message; use Watermark / Control")
-    md = _metadata(mtype, env.kind, env.run_id, env.epoch, env.layer, env.interval, env.partition, env.version,
+    md = _metadata(mtype, env.kind, env.run_id, env.epoch, env.stage, env.interval, env.partition, env.version,
                    env.meta)
     if not isinstance(env.tensors, Mapping):
         raise SchemaError(f"tensors must be a mapping of name -> array, got {type(env.tensors).__name__}")
@@ -515,7 +511,7 @@ def _watermark_batch(marks: Sequence[Watermark]) -> pa.RecordBatch:
         pa.array([m.producer for m in marks], pa.string()),
         pa.array([_check_int("watermark partition", m.partition) for m in marks], pa.int32()),
         pa.array([_check_int("watermark epoch", m.epoch) for m in marks], pa.int64()),
-        pa.array([_check_int("watermark layer", m.layer) for m in marks], pa.int32()),
+        pa.array([_check_int("watermark stage", m.stage) for m in marks], pa.int32()),
         pa.array([m.channel for m in marks], pa.string()),
     ]
     return pa.RecordBatch.from_arrays(cols, schema=WATERMARK_SCHEMA.with_metadata(md))
@@ -534,7 +530,7 @@ def _control_batch(c: Control) -> pa.RecordBatch:
                                       schema=CONTROL_SCHEMA.with_metadata(md))
 
 
-def to_record_batch(msg: Message) -> pa.RecordBatch:
+def to_record_batch(msg: WireMessage) -> pa.RecordBatch:
     """The record batch (with its schema metadata) that :func:`encode` writes."""
     if isinstance(msg, Envelope):
         return _envelope_batch(msg)
@@ -553,7 +549,7 @@ def _write_options(compression: str | None) -> pa.ipc.IpcWriteOptions:
     return pa.ipc.IpcWriteOptions(compression=compression)
 
 
-def encode_buffer(msg: Message, compression: str | None = None) -> pa.Buffer:
+def encode_buffer(msg: WireMessage, compression: str | None = None) -> pa.Buffer:
     """Like :func:`encode`, returning the Arrow buffer without the copy into ``bytes``."""
     batch = to_record_batch(msg)
     sink = pa.BufferOutputStream()
@@ -562,7 +558,7 @@ def encode_buffer(msg: Message, compression: str | None = None) -> pa.Buffer:
     return sink.getvalue()
 
 
-def encode(msg: Message, compression: str | None = None) -> bytes:
+def encode(msg: WireMessage, compression: str | None = None) -> bytes:
     """Encode an Envelope, a Watermark (or a list of them) or a Control as Arrow IPC stream bytes.
 
     ``compression``: ``None``, ``"lz4"`` or ``"zstd"`` (Arrow IPC buffer compression; readers decompress
@@ -600,8 +596,9 @@ def _header_from_metadata(md: Mapping[bytes, bytes] | None) -> Header:
         sv = int(m[K_SCHEMA_VERSION])
     except ValueError:
         raise SchemaError(f"schema version {m[K_SCHEMA_VERSION]!r} is not an integer") from None
-    if sv not in SUPPORTED_SCHEMA_VERSIONS:
-        raise SchemaError(f"unsupported schema version {sv}; this reader knows {sorted(SUPPORTED_SCHEMA_VERSIONS)}")
+    if sv not in SUPPORTED_MESSAGE_SCHEMA_VERSIONS:
+        raise SchemaError(f"unsupported schema version {sv}; this reader knows "
+                          f"{sorted(SUPPORTED_MESSAGE_SCHEMA_VERSIONS)}")
     if K_TYPE not in m:
         raise SchemaError(f"missing message type ({K_TYPE})")
     try:
@@ -610,7 +607,7 @@ def _header_from_metadata(md: Mapping[bytes, bytes] | None) -> Header:
         raise SchemaError(f"unknown message type {m[K_TYPE]!r}; known: {[t.value for t in MessageType]}") from None
     vals: dict[str, Any] = {}
     for f in ROUTING_FIELDS:
-        key = f"dorylus.{f}"
+        key = f"dorylus.{_V1_NAMES.get(f, f) if sv == 1 else f}"
         if key not in m:
             raise SchemaError(f"missing routing field {f} ({key})")
         vals[f] = m[key]
@@ -670,8 +667,8 @@ def _no_nulls(name: str, col: pa.Array) -> None:
         raise SchemaError(f"column {name!r} has {col.null_count} nulls")
 
 
-def _check_fixed_schema(mtype: MessageType, schema: pa.Schema) -> None:
-    want = _FIXED_SCHEMAS[mtype]
+def _check_fixed_schema(mtype: MessageType, schema: pa.Schema, version: int = MESSAGE_SCHEMA_VERSION) -> None:
+    want = _WATERMARK_SCHEMA_V1 if (mtype is MessageType.WATERMARK and version == 1) else _FIXED_SCHEMAS[mtype]
     for f in want:
         i = schema.get_field_index(f.name)
         if i < 0:
@@ -759,7 +756,7 @@ def _params_tensors(mtype: MessageType, batch: pa.RecordBatch) -> dict[str, np.n
 
 def _envelope_from(header: Header, batch: pa.RecordBatch) -> Envelope:
     mtype = header.type
-    common = dict(kind=header.kind, run_id=header.run_id, epoch=header.epoch, layer=header.layer,
+    common = dict(kind=header.kind, run_id=header.run_id, epoch=header.epoch, stage=header.stage,
                   interval=header.interval, partition=header.partition, version=header.version,
                   meta=header.meta, type=mtype)
     if mtype in (MessageType.GRADIENTS, MessageType.WEIGHTS):
@@ -791,14 +788,15 @@ def decode(data: Any, expect: MessageType | str | None = None) -> Envelope:
 
 
 def _watermarks_from(header: Header, batch: pa.RecordBatch) -> list[Watermark]:
-    _check_fixed_schema(MessageType.WATERMARK, batch.schema)
+    _check_fixed_schema(MessageType.WATERMARK, batch.schema, header.schema_version)
     cols = {}
     for name in WATERMARK_SCHEMA.names:
-        _no_nulls(name, batch.column(name))
-        cols[name] = batch.column(name).to_pylist()
-    return [Watermark(header.run_id, p, int(pa_), int(e), int(l), c)
-            for p, pa_, e, l, c in zip(cols["producer"], cols["partition"], cols["epoch"], cols["layer"],
-                                      cols["channel"])]
+        stored = _V1_NAMES.get(name, name) if header.schema_version == 1 else name
+        _no_nulls(stored, batch.column(stored))
+        cols[name] = batch.column(stored).to_pylist()
+    return [Watermark(header.run_id, p, int(pa_), int(e), int(st), c)
+            for p, pa_, e, st, c in zip(cols["producer"], cols["partition"], cols["epoch"], cols["stage"],
+                                       cols["channel"])]
 
 
 def _control_from(header: Header, batch: pa.RecordBatch) -> Control:
@@ -841,6 +839,6 @@ def decode_message(data: Any) -> Envelope | list[Watermark] | Control:
     return _envelope_from(header, batch)
 
 
-def arrow_schema(msg: Message) -> pa.Schema:
+def arrow_schema(msg: WireMessage) -> pa.Schema:
     """The Arrow schema (with routing metadata) a message is written with."""
     return to_record_batch(msg).schema

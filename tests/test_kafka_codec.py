@@ -85,7 +85,7 @@ def test_ghost_rows_are_a_plain_vertex_block_for_any_arrow_reader():
     assert table.schema.field("h").type == pa.list_(pa.field("item", pa.float32(), nullable=False), 3)
     assert table.column("vertex").to_pylist() == [5, 9, 11, 40]
     md = {k.decode(): v.decode() for k, v in table.schema.metadata.items()}
-    assert md["dorylus.type"] == "vertex_block" and md["dorylus.kind"] == "SC" and md["dorylus.layer"] == "0"
+    assert md["dorylus.type"] == "vertex_block" and md["dorylus.kind"] == "SC" and md["dorylus.stage"] == "0"
     assert md["dorylus.run_id"] == "run-1" and md["dorylus.epoch"] == "2"
     flat = np.asarray(table.column("h").combine_chunks().flatten())
     np.testing.assert_array_equal(flat.reshape(4, 3), msg.arrays["h"])

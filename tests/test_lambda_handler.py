@@ -264,7 +264,7 @@ def test_tensor_batch_roundtrip_and_errors():
     for comp in (None, "lz4", "zstd"):
         env = schemas.decode(schemas.encode(schemas.tensor_batch("AV", "r", 1, 2, 3, 0, t, version=4,
                                                                  meta={"a": 1}), comp))
-        assert env.type is schemas.MessageType.TENSOR_BATCH and env.version == 4 and env.layer == 2
+        assert env.type is schemas.MessageType.TENSOR_BATCH and env.version == 4 and env.stage == 2
         for k, v in t.items():
             assert env.tensors[k].dtype == np.asarray(v).dtype and env.tensors[k].shape == np.shape(v)
             np.testing.assert_array_equal(env.tensors[k], v)

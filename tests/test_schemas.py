@@ -35,7 +35,7 @@ RNG = np.random.default_rng(0)
 
 
 def _vb(n=6, **kw):
-    args = dict(kind="AV", run_id="run-1", epoch=3, layer=1, interval=7, partition=2,
+    args = dict(kind="AV", run_id="run-1", epoch=3, stage=1, interval=7, partition=2,
                 vertex=np.arange(100, 100 + n), version=5, meta={"attempt": 2, "note": "x"},
                 tensors={"h": RNG.standard_normal((n, 4)).astype(np.float32),
                          "ah": RNG.standard_normal((n, 3)).astype(np.float32),
@@ -45,8 +45,8 @@ def _vb(n=6, **kw):
 
 
 def _routing_md(**over):
-    md = {"dorylus.schema_version": "1", "dorylus.type": "vertex_block", "dorylus.run_id": "r",
-          "dorylus.kind": "GA", "dorylus.epoch": "0", "dorylus.layer": "0", "dorylus.interval": "0",
+    md = {"dorylus.schema_version": "2", "dorylus.type": "vertex_block", "dorylus.run_id": "r",
+          "dorylus.kind": "GA", "dorylus.epoch": "0", "dorylus.stage": "0", "dorylus.interval": "0",
           "dorylus.partition": "0", "dorylus.version": "-1", "dorylus.meta": "{}"}
     for k, v in over.items():
         key = f"dorylus.{k}"
@@ -83,7 +83,7 @@ def test_vertex_block_round_trip(compression):
     assert isinstance(data, bytes)
     out = decode(data)
     assert out.type is MessageType.VERTEX_BLOCK
-    for f in ("kind", "run_id", "epoch", "layer", "interval", "partition", "version"):
+    for f in ("kind", "run_id", "epoch", "stage", "interval", "partition", "version"):
         assert getattr(out, f) == getattr(env, f)
     assert out.meta == {"attempt": 2, "note": "x"}
     np.testing.assert_array_equal(out.vertex, env.vertex)
@@ -150,9 +150,9 @@ def test_empty_block_round_trip():
 
 def test_peek_header_reads_routing_only():
     h = peek_header(encode(_vb()))
-    assert (h.type, h.kind, h.run_id, h.epoch, h.layer, h.interval, h.partition, h.version) == \
+    assert (h.type, h.kind, h.run_id, h.epoch, h.stage, h.interval, h.partition, h.version) == \
         (MessageType.VERTEX_BLOCK, "AV", "run-1", 3, 1, 7, 2, 5)
-    assert h.meta == {"attempt": 2, "note": "x"} and h.schema_version == schemas.SCHEMA_VERSION
+    assert h.meta == {"attempt": 2, "note": "x"} and h.schema_version == schemas.MESSAGE_SCHEMA_VERSION
     assert _vb().header.interval == 7
 
 
@@ -188,7 +188,7 @@ def test_pyarrow_only_reader():
     # what a consumer outside the project does: pyarrow.ipc and the schema metadata, nothing else
     table = pa.ipc.open_stream(data).read_all()
     md = {k.decode(): v.decode() for k, v in table.schema.metadata.items()}
-    assert md["dorylus.schema_version"] == "1" and md["dorylus.type"] == "vertex_block"
+    assert md["dorylus.schema_version"] == "2" and md["dorylus.type"] == "vertex_block"
     assert (md["dorylus.run_id"], md["dorylus.kind"], int(md["dorylus.epoch"]), int(md["dorylus.interval"])) == \
         ("run-1", "AV", 3, 7)
     assert json.loads(md["dorylus.meta"]) == {"attempt": 2, "note": "x"}
@@ -269,7 +269,7 @@ def test_error_message_type():
     _assert_error(encode(_vb()), "expected a control message", fn=decode_control)
 
 
-@pytest.mark.parametrize("field", ["run_id", "kind", "epoch", "layer", "interval", "partition", "version"])
+@pytest.mark.parametrize("field", ["run_id", "kind", "epoch", "stage", "interval", "partition", "version"])
 def test_error_missing_routing_field(field):
     arrays, names = _vertex_arrays()
     _assert_error(_raw(arrays, names, _routing_md(**{field: None})), f"missing routing field {field}")
@@ -520,3 +520,23 @@ def test_manifest(tmp_path):
     p.write_text("{")
     with pytest.raises(SchemaError, match="not JSON"):
         files.validate_manifest(p)
+
+
+def test_version_1_messages_still_decode():
+    """Version 1 named the stage index ``layer`` (metadata key and watermark column); it decodes the same."""
+    arrays, names = _vertex_arrays()
+    md = _routing_md(schema_version="1", stage=None, layer="4", kind="AV")
+    env = decode(_raw(arrays, names, md))
+    assert env.header.schema_version == 1 and env.stage == 4 and env.kind == "AV"
+    assert peek_header(_raw(arrays, names, md)).stage == 4
+    _assert_error(_raw(arrays, names, _routing_md(schema_version="1")), "missing routing field stage")
+    v1 = pa.schema([pa.field("producer", pa.string(), nullable=False), pa.field("partition", pa.int32(), nullable=False),
+                    pa.field("epoch", pa.int64(), nullable=False), pa.field("layer", pa.int32(), nullable=False),
+                    pa.field("channel", pa.string(), nullable=False)])
+    wm_md = _routing_md(schema_version="1", stage=None, layer="-1", type="watermark", kind="WM")
+    batch = pa.RecordBatch.from_pylist([{"producer": "gs0", "partition": 0, "epoch": 3, "layer": 2,
+                                         "channel": "ghosts"}], schema=v1.with_metadata(wm_md))
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, batch.schema) as w:
+        w.write_batch(batch)
+    assert decode_watermarks(sink.getvalue().to_pybytes()) == [Watermark("r", "gs0", 0, 3, 2, "ghosts")]

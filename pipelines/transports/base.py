@@ -2,8 +2,8 @@
 from __future__ import annotations
 
 import abc
+from schemas.tasks import Message
 
-from pipelines.engine.messages import Message
 
 
 class TransportError(RuntimeError):

@@ -8,18 +8,18 @@ same kind, routing fields, array names, dtypes, shapes and bits, and the same me
 engine message                 Arrow message type     mapping
 =============================  =====================  =======================================================
 SC, SC_BWD (ghost rows)        ``vertex_block``       ``vertex`` (int64 global ids) + one ``fixed_size_list
-                                                      <float32>`` column per tensor; stage -> ``layer``
+                                                      <float32>`` column per tensor; ``stage``
 GRAD                           ``gradients``          one row per parameter (``stage/name``), ``version``
 WEIGHTS                        ``weights``            one row per parameter, ``version``
 WM                             ``watermark``          one row: producer ``graph-server-<p>``, partition p,
-                                                      epoch, layer (stage), channel ``ghosts`` (forward) or
+                                                      epoch, stage, channel ``ghosts`` (forward) or
                                                       ``ghosts.grad`` (backward)
 STOP, STOP_AFTER               ``control``            command = kind; args = routing fields + meta
 everything else (tensor        ``tensor_batch``       one ``large_list<T>`` column per array (any dtype) with
 tasks, results, metrics)                              its shape in the field metadata
 =============================  =====================  =======================================================
 
-The engine's ``stage`` travels as the header's ``dorylus.layer`` (the index in the model's stage list). A message
+The engine's ``stage`` travels as the header's ``dorylus.stage`` (the index in the model's stage list). A message
 that does not fit its specific type exactly (say a float64 ghost tensor) falls back to ``tensor_batch``, so the
 mapping never changes a value.
 """
@@ -27,14 +27,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from pipelines.engine import messages as M
-from pipelines.engine.messages import Message
 from schemas import messages as S
 from schemas.messages import SchemaError
+from schemas.tasks import CONTROL_KINDS, Channel, Direction, Message, TaskKind
 
-_WM_CHANNELS = {"F": M.GHOSTS, "B": M.GHOST_GRADS}
+_WM_CHANNELS = {Direction.FORWARD: Channel.GHOSTS, Direction.BACKWARD: Channel.GHOST_GRADS}
 _WM_DIRS = {v: k for k, v in _WM_CHANNELS.items()}
-CONTROL_KINDS = ("STOP", "STOP_AFTER")
 
 
 def _is_f32_rows(a, n: int) -> bool:
@@ -57,15 +55,15 @@ def _params_fit(msg: Message) -> bool:
 def to_arrow(msg: Message, run_id: str):
     """The `schemas.messages` object an engine message travels as."""
     common = (msg.kind, run_id, msg.epoch, msg.stage, msg.interval, msg.partition)
-    if msg.kind in ("SC", "SC_BWD") and _vertex_fit(msg):
+    if msg.kind in (TaskKind.SC, TaskKind.SC_BWD) and _vertex_fit(msg):
         tensors = {k: v for k, v in msg.arrays.items() if k != "vertex"}
         return S.vertex_block(*common, vertex=msg.arrays["vertex"], tensors=tensors, version=msg.version,
                               meta=msg.meta)
-    if msg.kind in ("GRAD", "WEIGHTS") and _params_fit(msg):
-        mtype = S.MessageType.GRADIENTS if msg.kind == "GRAD" else S.MessageType.WEIGHTS
+    if msg.kind in (TaskKind.GRAD, TaskKind.WEIGHTS) and _params_fit(msg):
+        mtype = S.MessageType.GRADIENTS if msg.kind == TaskKind.GRAD else S.MessageType.WEIGHTS
         return S.Envelope(msg.kind, run_id, msg.epoch, msg.stage, msg.interval, msg.partition, msg.version,
                           dict(msg.arrays), dict(msg.meta), mtype)
-    if (msg.kind == "WM" and not msg.arrays and set(msg.meta) == {"dir"} and msg.meta["dir"] in _WM_CHANNELS
+    if (msg.kind == TaskKind.WATERMARK and not msg.arrays and set(msg.meta) == {"dir"} and msg.meta["dir"] in _WM_CHANNELS
             and msg.interval == -1 and msg.version == -1):
         return S.Watermark(run_id, f"graph-server-{msg.partition}", msg.partition, msg.epoch, msg.stage,
                            _WM_CHANNELS[msg.meta["dir"]])
@@ -96,7 +94,7 @@ def from_arrow(obj) -> tuple[str, Message]:
         w = obj[0]
         if w.channel not in _WM_DIRS:
             raise SchemaError(f"watermark channel {w.channel!r} is not one the engine uses ({sorted(_WM_DIRS)})")
-        return w.run_id, Message("WM", w.epoch, w.layer, -1, w.partition, -1, meta={"dir": _WM_DIRS[w.channel]})
+        return w.run_id, Message(TaskKind.WATERMARK, w.epoch, w.stage, -1, w.partition, -1, meta={"dir": _WM_DIRS[w.channel]})
     if isinstance(obj, S.Control):
         a = obj.args
         try:
@@ -113,7 +111,7 @@ def from_arrow(obj) -> tuple[str, Message]:
         arrays["vertex"] = env.vertex
     elif env.type is S.MessageType.EDGE_BLOCK:
         raise SchemaError("the engine sends no edge blocks")
-    return env.run_id, Message(env.kind, env.epoch, env.layer, env.interval, env.partition, env.version,
+    return env.run_id, Message(env.kind, env.epoch, env.stage, env.interval, env.partition, env.version,
                                arrays=arrays, meta=dict(env.meta))
 
 

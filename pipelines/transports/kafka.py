@@ -50,17 +50,16 @@ import sys
 import threading
 import time
 
-from pipelines.engine import messages as M
-from pipelines.engine.messages import Message
 from pipelines.transports import codec
 from pipelines.transports.base import Consumer, Transport, TransportError
 from pipelines.transports.kafka_security import client_settings, describe
+from schemas.tasks import Channel, Message
 
 DEAD_LETTER = "dead-letter"
-SINGLE_PARTITION = (M.GRADS, M.WEIGHTS, M.METRICS)
+SINGLE_PARTITION = (Channel.GRADS, Channel.WEIGHTS, Channel.METRICS)
 #: kinds read by work-sharing groups (each process its static share of the partitions, see ``work_share``).
 #: Their one engine channel spreads over P Kafka partitions, by the sending graph server.
-BALANCED_KINDS = (M.TENSOR_TASKS,)
+BALANCED_KINDS = (Channel.TENSOR_TASKS,)
 DEFAULT_MAX_MESSAGE_BYTES = 64 * 2**20
 RECORD_OVERHEAD = 64 * 2**10          # room for the record batch header, key and headers
 COMPRESS_MIN_BYTES = 16 * 2**10       # smaller payloads are sent uncompressed
@@ -77,7 +76,7 @@ def topic_partitions(kind: str, partitions: int) -> int:
     """Kafka partitions of a channel kind in a run with `partitions` graph servers."""
     if kind in SINGLE_PARTITION or kind == DEAD_LETTER:
         return 1
-    if kind == M.CONTROL:
+    if kind == Channel.CONTROL:
         return partitions + 1
     return partitions
 
@@ -191,7 +190,7 @@ class KafkaTransport(Transport):
         return topic_name(self.run_id, kind)
 
     def kinds(self) -> list[str]:
-        return [*M.ALL_KINDS, DEAD_LETTER]
+        return [*tuple(Channel), DEAD_LETTER]
 
     def ensure_topics(self, timeout_s: float = 60.0, admin=None) -> None:
         """Create the run's topics (idempotent: several processes may race to create them)."""
@@ -272,7 +271,7 @@ class KafkaTransport(Transport):
     def consumer(self, subscriptions, group=None) -> Consumer:
         subs = [(k, int(p)) for k, p in subscriptions]
         for k, p in subs:
-            if k not in M.ALL_KINDS:
+            if k not in tuple(Channel):
                 raise TransportError(f"unknown channel kind {k!r}")
             if not 0 <= p < channel_partitions(k, self.partitions):
                 raise TransportError(f"channel {k}[{p}] does not exist in a run with {self.partitions} "

@@ -5,8 +5,8 @@ import collections
 import threading
 import time
 
-from pipelines.engine.messages import Message, copy_arrays, freeze_arrays
 from pipelines.transports.base import Consumer, Transport
+from schemas.tasks import Message, copy_arrays, freeze_arrays
 
 
 class _Log:
