@@ -22,6 +22,7 @@ import sys
 import tempfile
 import time
 import uuid
+from schemas.tasks import Channel
 
 # This file is named like the kafka-python package: keep its own folder off the import path.
 _HERE = os.path.dirname(os.path.abspath(__file__))
@@ -74,16 +75,15 @@ def raw_roundtrip(bootstrap: str, topic: str, values: list[bytes]) -> tuple[floa
 
 
 def ours_roundtrip(bootstrap: str, run_id: str, arrays: list, compression) -> tuple[float, float, int]:
-    from pipelines.engine import messages as M
-    from pipelines.engine.messages import Message
+    from schemas.tasks import Message
     from pipelines.transports.kafka import KafkaTransport
 
     t = KafkaTransport(bootstrap, run_id, 1, compression=compression)
-    c = t.consumer([(M.GHOSTS, 0)], group="bench")
+    c = t.consumer([(Channel.GHOSTS, 0)], group="bench")
     c.poll(0.1)
     t0 = time.perf_counter()
     for i, a in enumerate(arrays):
-        t.send(M.GHOSTS, 0, Message("AV", i, 0, 0, 0, 0, arrays={"h": a}))
+        t.send(Channel.GHOSTS, 0, Message("AV", i, 0, 0, 0, 0, arrays={"h": a}))
     t.flush()
     t1 = time.perf_counter()
     got = 0
@@ -91,7 +91,7 @@ def ours_roundtrip(bootstrap: str, run_id: str, arrays: list, compression) -> tu
         got += len(c.poll(1.0))
         c.commit()
     t2 = time.perf_counter()
-    wire = t.stats()["bytes"].get(M.GHOSTS, 0)
+    wire = t.stats()["bytes"].get(Channel.GHOSTS, 0)
     t.close()
     return t1 - t0, t2 - t1, wire
 

@@ -30,11 +30,17 @@ from pathlib import Path
 
 import numpy as np
 
+from ops import params as P
 from pipelines import rundir
 from pipelines.config import ConfigError, TrainConfig, build_config, load_toml
-from pipelines.engine import messages as M
-from pipelines.engine.messages import EngineError, Message
+from pipelines.engine.cost import CostMeter, load_prices
+from pipelines.engine.driver import EpochDriver, RoleStats, add_cost, engine_summary
+from pipelines.engine.messages import EngineError
+from pipelines.engine.spans import merge_wall_rows, write_rows
+from pipelines.epochs import EarlyStopping, TrainResult, write_weights
 from pipelines.roles import RoleFailed, ps_checkpoints
+from pipelines.transports.kafka import KafkaTransport, merge_stats, worker_control_partition
+from schemas.tasks import Channel, Lifecycle, Message
 
 FINAL_TIMEOUT_S = 120.0
 
@@ -204,18 +210,244 @@ class _PoolsReport:
 
 def train_kafka(cfg: TrainConfig, graph, out: Path | str, *, spawn_local: bool = False, run_id: str | None = None,
                 workers: int = 1, resume: bool = False, show_progress: bool = False,
-                stall_timeout: float = 300.0, evaluate: bool = True):
-    """Train with one process per role over Kafka; the calling process is the driver. Returns a TrainResult."""
-    import jax.numpy as jnp
+                stall_timeout: float = 300.0, evaluate: bool = True) -> TrainResult:
+    """Train with one process per role over Kafka; the calling process is the driver. Returns a TrainResult.
 
-    from ops.sparse import Adjacency
-    from pipelines.engine.param_server import unflatten
-    from pipelines.train import EarlyStopping, Evaluator, TrainResult, _tree_to_npz, build_model, \
-        model_inputs, npz_to_tree, progress
-    from pipelines.transports.kafka import KafkaTransport, merge_stats, worker_control_partition
+    cfg / graph: the run's settings (cfg.bootstrap names the broker) and graph; out: the run directory (holds
+    config.toml; gets run.json, logs/, ckpt/, metrics.jsonl, timeline.jsonl, weights.npz, summary.json);
+    spawn_local: launch the roles here (`role_commands`); run_id: the topics' run id (default: generated);
+    workers: tensor-worker processes; resume: continue the run in `out` (see the module doc); show_progress: a
+    tqdm bar; stall_timeout: seconds without any report or weight version before the run fails; evaluate=False
+    skips the per-epoch accuracy pass."""
+    run = KafkaRun(cfg, graph, Path(out), spawn_local=spawn_local, run_id=run_id, workers=workers, resume=resume,
+                   show_progress=show_progress, evaluate=evaluate)
+    run.run(stall_timeout)
+    return run.result()
 
-    out = Path(out)
-    P = cfg.partitions
+
+class KafkaRun:
+    """The driver's wiring of one Kafka run: run.json, the launcher, the driver's consumers, the orderly
+    shutdown and the final reports; the epochs themselves are `pipelines.engine.driver.EpochDriver`'s."""
+
+    def __init__(self, cfg: TrainConfig, graph, out: Path, *, spawn_local: bool, run_id: str | None, workers: int,
+                 resume: bool, show_progress: bool, evaluate: bool):
+        self.cfg, self.graph, self.out = cfg, graph, out
+        info, start, history, workers, spawn_local = _run_info(cfg, graph, out, resume, run_id, workers,
+                                                               spawn_local)
+        self.info, self.start, self.workers = info, start, workers
+        rundir.atomic_write_json(out / "run.json", info)
+        stopper = EarlyStopping(cfg.patience)
+        for row in history:
+            stopper.update(row["epoch"], row)
+        self.driver_ckpt = out / "ckpt" / "driver.json"
+        self.pools: list[dict] = []  # the tensor-worker processes' final pool statistics, filled at the end
+        self.meter = CostMeter(cfg, load_prices(cfg.prices), _PoolsReport(self.pools))  # bad prices fail first
+        self.transport = KafkaTransport(cfg.bootstrap, info["topic_run_id"], cfg.partitions, linger_consumers=True,
+                                client_id="driver")
+        self.metrics = self.transport.consumer([(Channel.METRICS, 0)], group="driver")
+        self.weights = self.transport.consumer([(Channel.WEIGHTS, 0)], group="driver-weights")
+        self.log = rundir.MetricsLog(out / "metrics.jsonl", truncate_after_epoch=start - 1)
+        self.launcher = None
+        if spawn_local:
+            cmds = role_commands(out / "config.toml", cfg.bootstrap, info["topic_run_id"], out=out,
+                                 partitions=cfg.partitions, workers=workers, start_epoch=start,
+                                 owner_pid=os.getpid())
+            self.launcher = LocalLauncher(cmds, out / "logs")
+            info["roles"] = {r: " ".join(c) for r, c in cmds.items()}
+            rundir.atomic_write_json(out / "run.json", info)
+        self.versions: dict[int, dict] = {}
+        self.finals: dict[str, dict] = {}
+        self.final_version = start
+        self.driver = EpochDriver(cfg, graph, self.transport, log=self.log, start=start, history=history, stopper=stopper,
+                                  evaluate=evaluate, show_progress=show_progress,
+                                  desc=f"{graph.name} {cfg.model} P={cfg.partitions}x{cfg.intervals} kafka",
+                                  row_extras=self._dead_letters, on_best=self._save_best)
+        self.driver.best_params = _restored_best(out, history, stopper, self.driver_ckpt)
+        self.t_start = time.perf_counter()
+        self.t_start_wall = time.time()
+        self.driver.t_epoch = self.t_start
+        self.t_shutdown = self.t_start
+
+    # ------------------------------------------------------------------------------------------- hooks
+    def _dead_letters(self, row: dict) -> dict:
+        dead = self.transport.dead_letter_count(timeout_s=2.0)
+        return {} if dead is None else {"dead_letters": dead}  # values any role sent to the dead-letter topic
+
+    def _save_best(self, epoch: int, params: dict) -> None:
+        write_weights(self.out, params)
+        rundir.atomic_write_json(self.driver_ckpt, {"best_epoch": epoch})
+
+    # ------------------------------------------------------------------------------------------- reading
+    def _check(self) -> None:
+        if self.launcher is not None:
+            self.launcher.check()
+
+    def _handle(self, msg: Message) -> None:
+        if msg.kind == Lifecycle.FAILED:
+            role = msg.meta.get("role", f"graph-server-{msg.partition}")
+            raise RoleFailed(f"{role} failed: {msg.meta.get('error')}")
+        if msg.kind == Lifecycle.FINAL:
+            role = msg.meta["role"]
+            self.finals[role] = msg.meta
+            if self.launcher is not None:
+                self.launcher.finished.add(role)
+            return
+        if not self.driver.observe(msg):
+            raise EngineError(f"driver got an unexpected {msg.kind} metrics message")
+
+    def _pump(self, timeout: float) -> None:
+        for w in self.weights.poll(0.0):
+            self.versions[w.version] = P.unflatten({k: np.array(v) for k, v in w.arrays.items()})
+            self.final_version = max(self.final_version, w.version)
+        self.weights.commit()
+        for msg in self.metrics.poll(timeout):
+            self._handle(msg)
+        self.metrics.commit()
+
+    def _wait_finals(self, roles: list[str], timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while any(r not in self.finals for r in roles):
+            if time.monotonic() > deadline:
+                missing = [r for r in roles if r not in self.finals]
+                if self.launcher is not None:
+                    raise RoleFailed(f"{', '.join(missing)} did not report after STOP within {timeout_s:.0f}s")
+                print(f"dorylus: warning: no final report from {', '.join(missing)}", file=sys.stderr)
+                return
+            self._check()
+            self._pump(0.1)
+
+    def _stop(self, partition: int) -> None:
+        self.transport.send(Channel.CONTROL, partition, Message(Lifecycle.STOP, self.driver.next_epoch, -1, -1, partition, -1))
+
+    # ------------------------------------------------------------------------------------------- running
+    def run(self, stall_timeout: float) -> None:
+        """Launch (with spawn_local), drive every epoch, shut the roles down in order; on failure stop them all."""
+        ok = False
+        try:
+            if self.launcher is not None:
+                self.launcher.start()
+                self.info["pids"] = self.launcher.pids()
+                rundir.atomic_write_json(self.out / "run.json", self.info)
+            self._epochs(stall_timeout)
+            self._shutdown()
+            ok = True
+        except BaseException as e:
+            self.info.update(status="failed", error=f"{type(e).__name__}: {e}")
+            raise
+        finally:
+            self.driver.close()
+            self.log.close()
+            if not ok:
+                self._abort()
+            try:
+                self.transport.close()
+            except Exception:
+                if ok:
+                    raise
+
+    def _epochs(self, stall_timeout: float) -> None:
+        d = self.driver
+        last_progress = time.monotonic()
+        while not d.finished:
+            if d.next_epoch > d.stop_at and self.start > d.stop_at:
+                break  # a resume with nothing left to train
+            self._check()
+            if time.monotonic() - last_progress > stall_timeout:
+                raise EngineError(f"no progress for {stall_timeout:.0f}s (epoch {d.next_epoch}); are the roles "
+                                  f"running? (run id {self.info['topic_run_id']})")
+            before = (d.progress_marker, len(self.versions))
+            self._pump(0.05)
+            if (d.progress_marker, len(self.versions)) != before:
+                last_progress = time.monotonic()
+            d.complete(self.versions)
+
+    def _shutdown(self) -> None:
+        """Tensor workers first (nothing needs them now), then the parameter server and the graph servers, each
+        reading its channels to the end before it reports."""
+        partitions = self.cfg.partitions
+        self.t_shutdown = time.perf_counter()
+        role_names = ["param-server", *(f"graph-server-{p}" for p in range(partitions))]
+        worker_names = [f"tensor-worker-{k}" for k in range(self.workers)]
+        self._stop(worker_control_partition(partitions))
+        self.transport.flush()
+        self._wait_finals(worker_names, FINAL_TIMEOUT_S)
+        for p in range(partitions):
+            self._stop(p)
+        self.transport.flush()
+        self._wait_finals(role_names, FINAL_TIMEOUT_S)
+        if self.launcher is not None:
+            codes = self.launcher.wait(60.0)
+            bad = {r: c for r, c in codes.items() if c != 0}
+            if bad:
+                self.launcher.check()
+                raise RoleFailed(f"roles did not exit cleanly: {bad}")
+        self._pump(0.0)
+        self.transport.drain(timeout_s=60)
+
+    def _abort(self) -> None:
+        try:  # best effort: stop whatever still runs
+            for p in range(self.cfg.partitions + 1):
+                self._stop(p)
+            self.transport.flush(timeout_s=5)
+        except Exception:
+            pass
+        if self.launcher is not None:
+            self.launcher.terminate()
+        rundir.atomic_write_json(self.out / "run.json", self.info)
+
+    # ------------------------------------------------------------------------------------------- the end
+    def role_stats(self) -> RoleStats:
+        """The roles' statistics, read from their FINAL reports."""
+        finals = self.finals
+        self.pools.extend(finals[r]["stats"] for r in finals if r.startswith("tensor-worker-"))
+        pool = {"busy_s": sum(float(s.get("busy_s", 0.0)) for s in self.pools)}
+        for k in ("tasks", "injected_failures", "injected_delays"):
+            pool[k] = sum(int(s.get(k, 0)) for s in self.pools)
+        transport = merge_stats([self.transport.stats()] + [f.get("transport", {}) for f in finals.values()])
+        return RoleStats(graph_servers=self.driver.reports, interval_epoch_spread=self.driver.spread, pool=pool,
+                         workers=sum(int(s.get("workers", s.get("size", 1)) or 1) for s in self.pools) or 1,
+                         tensor_lane="tensor_workers",
+                         param_server_busy_s=float(finals.get("param-server", {}).get("stats", {})
+                                                   .get("busy_s", 0.0)),
+                         transport=transport)
+
+    def result(self) -> TrainResult:
+        """The summary and the run directory's last files (weights.npz, summary.json, run.json complete)."""
+        seconds = time.perf_counter() - self.t_start
+        d, info, start = self.driver, self.info, self.start
+        if not d.history:
+            raise EngineError("the run produced no epochs")
+        best_params = d.best_params if d.best_params is not None else (self.versions.get(self.final_version) or {})
+        final_params = self.versions.get(self.final_version, best_params)
+        stats = self.role_stats()
+        head = {"transport_kind": "kafka", "run_id": info["run_id"], "topic_run_id": info["topic_run_id"],
+                "resumed_from_epoch": start if info["incarnation"] else None, "incarnation": info["incarnation"]}
+        summary = engine_summary(self.cfg, self.graph, d, stats, self.meter, seconds, head=head,
+                                 after_workers={"tensor_worker_processes": self.workers})
+        summary.update(
+            startup_s=d.history[start]["epoch_s"] if len(d.history) > start else None,  # launch to first epoch
+            shutdown_s=seconds - (self.t_shutdown - self.t_start),
+            dead_letters=stats.transport["dead_letter_total"], transport=stats.transport,
+            roles={r: {k: v for k, v in f.items() if k not in ("transport",)} for r, f in sorted(self.finals.items())})
+        add_cost(summary, self.meter, seconds, len(d.history), stats.transport, summary["busy_s"])
+        parts = [f.get("stats", {}).pop("spans", []) for f in self.finals.values()]  # out of summary["roles"] too
+        timeline = merge_wall_rows(parts, self.t_start_wall)
+        summary["timeline"] = {"spans": write_rows(self.out / "timeline.jsonl", timeline), "file": "timeline.jsonl",
+                               "dropped": sum(int(f.get("stats", {}).get("spans_dropped", 0))
+                                              for f in self.finals.values()),
+                               "clock": "each role's wall clock, merged by the driver"}
+        info.update(status="complete")
+        rundir.atomic_write_json(self.out / "run.json", info)
+        if best_params:
+            write_weights(self.out, best_params)
+        rundir.atomic_write_json(self.out / "summary.json", summary)
+        return TrainResult(final_params, best_params, d.history, summary)
+
+
+def _run_info(cfg: TrainConfig, graph, out: Path, resume: bool, run_id: str | None, workers: int,
+              spawn_local: bool):
+    """run.json's content for this incarnation, the epoch it starts at, the rows before it, and the workers and
+    spawn_local in force (a resume keeps the first incarnation's)."""
     if resume:
         info = read_run_info(out)
         if (out / "summary.json").exists():
@@ -230,277 +462,19 @@ def train_kafka(cfg: TrainConfig, graph, out: Path | str, *, spawn_local: bool =
         info = {"run_id": run_id or make_run_id(graph.name), "incarnation": 0}
         start, history = 0, []
     info.update(topic_run_id=topic_run_id(info["run_id"], info["incarnation"]), bootstrap=cfg.bootstrap,
-                spawn_local=spawn_local, workers=workers, partitions=P, start_epoch=start, status="running",
-                driver_pid=os.getpid())
-    rundir.atomic_write_json(out / "run.json", info)
+                spawn_local=spawn_local, workers=workers, partitions=cfg.partitions, start_epoch=start,
+                status="running", driver_pid=os.getpid())
+    return info, start, history, workers, spawn_local
 
-    model = build_model(cfg, graph)
-    x, a = model_inputs(cfg, graph)
-    adj = Adjacency.from_scipy(a).to_device()
-    xj, labels = jnp.asarray(x), jnp.asarray(graph.labels)
-    masks = tuple(jnp.asarray(m) for m in (graph.train_mask, graph.val_mask, graph.test_mask))
-    evaluator = Evaluator(model)
-    stopper = EarlyStopping(cfg.patience)
-    for row in history:
-        stopper.update(row["epoch"], row)
-    best_params = None
-    driver_ckpt = out / "ckpt" / "driver.json"
+
+def _restored_best(out: Path, history: list[dict], stopper: EarlyStopping, driver_ckpt: Path) -> dict | None:
+    """A resumed run's best weights so far: weights.npz, when the driver's checkpoint says it is of the best
+    epoch the replayed history names."""
     if history and (out / "weights.npz").exists() and driver_ckpt.exists() and \
             json.loads(driver_ckpt.read_text()).get("best_epoch") == stopper.best_epoch:
         with np.load(out / "weights.npz") as z:
-            best_params = {k: {n: np.asarray(v) for n, v in p.items()} for k, p in npz_to_tree(z).items()}
-    stop_at = cfg.epochs - 1
-    if stopper.should_stop:
-        stop_at = start - 1
-
-    from pipelines.engine.cost import CostMeter, load_prices
-    from pipelines.engine.spans import merge_wall_rows, write_rows
-
-    pools: list[dict] = []  # the tensor-worker processes' final pool statistics, filled at the end
-    meter = CostMeter(cfg, load_prices(cfg.prices), _PoolsReport(pools))  # bad prices fail before any process
-    t = KafkaTransport(cfg.bootstrap, info["topic_run_id"], P, linger_consumers=True, client_id="driver")
-    metrics = t.consumer([(M.METRICS, 0)], group="driver")
-    weights = t.consumer([(M.WEIGHTS, 0)], group="driver-weights")
-    log = rundir.MetricsLog(out / "metrics.jsonl", truncate_after_epoch=start - 1)
-    launcher = None
-    if spawn_local:
-        cmds = role_commands(out / "config.toml", cfg.bootstrap, info["topic_run_id"], out=out, partitions=P,
-                             workers=workers, start_epoch=start, owner_pid=os.getpid())
-        launcher = LocalLauncher(cmds, out / "logs")
-        info["roles"] = {r: " ".join(c) for r, c in cmds.items()}
-        rundir.atomic_write_json(out / "run.json", info)
-
-    versions: dict[int, dict] = {}
-    epoch_parts: dict[int, list] = {}
-    done_parts: dict[int, Message] = {}
-    last_part_stats: dict[int, dict] = {}
-    finals: dict[str, dict] = {}
-    spread = 0
-    next_epoch = start
-    t_start = time.perf_counter()
-    t_start_wall = time.time()
-    t_epoch = t_start
-    final_version = start
-    bar = progress(cfg.epochs - start, show_progress,
-                   f"{graph.name} {cfg.model} P={P}x{cfg.intervals} kafka")
-
-    def check():
-        if launcher is not None:
-            launcher.check()
-
-    def handle(msg: Message):
-        nonlocal spread
-        if msg.kind == "FAILED":
-            role = msg.meta.get("role", f"graph-server-{msg.partition}")
-            raise RoleFailed(f"{role} failed: {msg.meta.get('error')}")
-        if msg.kind == "FINAL":
-            role = msg.meta["role"]
-            finals[role] = msg.meta
-            if launcher is not None:
-                launcher.finished.add(role)
-            return
-        if msg.kind == "DONE":
-            done_parts[msg.partition] = msg
-            last_part_stats[msg.partition] = msg.meta
-            return
-        if msg.kind != "EPOCH":
-            raise EngineError(f"driver got an unexpected {msg.kind} metrics message")
-        epoch_parts.setdefault(msg.epoch, []).append(msg)
-        last_part_stats[msg.partition] = msg.meta
-        eps = [e for m in last_part_stats.values() for e in m.get("interval_epochs", [])]
-        if eps:
-            spread = max(spread, max(eps) - min(eps))
-
-    def pump(timeout: float):
-        nonlocal final_version
-        for w in weights.poll(0.0):
-            versions[w.version] = unflatten({k: np.array(v) for k, v in w.arrays.items()})
-            final_version = max(final_version, w.version)
-        weights.commit()
-        for msg in metrics.poll(timeout):
-            handle(msg)
-        metrics.commit()
-
-    def wait_finals(roles: list[str], timeout_s: float) -> None:
-        deadline = time.monotonic() + timeout_s
-        while any(r not in finals for r in roles):
-            if time.monotonic() > deadline:
-                missing = [r for r in roles if r not in finals]
-                if launcher is not None:
-                    raise RoleFailed(f"{', '.join(missing)} did not report after STOP within {timeout_s:.0f}s")
-                print(f"dorylus: warning: no final report from {', '.join(missing)}", file=sys.stderr)
-                return
-            check()
-            pump(0.1)
-
-    ok = False
-    try:
-        if launcher is not None:
-            launcher.start()
-            info["pids"] = launcher.pids()
-            rundir.atomic_write_json(out / "run.json", info)
-        last_progress = time.monotonic()
-        while next_epoch <= stop_at or len(done_parts) < P:
-            if next_epoch > stop_at and start > stop_at:
-                break  # a resume with nothing left to train
-            check()
-            if time.monotonic() - last_progress > stall_timeout:
-                raise EngineError(f"no progress for {stall_timeout:.0f}s (epoch {next_epoch}); are the roles "
-                                  f"running? (run id {info['topic_run_id']})")
-            before = (len(epoch_parts), len(done_parts), len(versions))
-            pump(0.05)
-            if (len(epoch_parts), len(done_parts), len(versions)) != before:
-                last_progress = time.monotonic()
-            while (next_epoch <= stop_at and len(epoch_parts.get(next_epoch, [])) == P
-                   and (next_epoch + 1) in versions):
-                parts = epoch_parts.pop(next_epoch)
-                loss = sum(m.meta["loss_sum"] for m in parts) / max(sum(m.meta["count"] for m in parts), 1.0)
-                params = versions[next_epoch + 1]
-                now = time.perf_counter()
-                accs = evaluator(params, adj, xj, labels, masks) if evaluate else {
-                    "train_acc": None, "val_acc": 0.0, "val_loss": 0.0, "test_acc": None}
-                row = {"epoch": next_epoch, "loss": loss, **accs, "epoch_s": now - t_epoch,
-                       "max_staleness_observed": max(m.meta["max_staleness"] for m in parts),
-                       "relaunches": sum(m.meta["relaunches"] for m in parts)}
-                dead = t.dead_letter_count(timeout_s=2.0)
-                if dead is not None:
-                    row["dead_letters"] = dead  # values any role sent to the dead-letter topic so far
-                t_epoch = now
-                history.append(row)
-                log.write(row)
-                if stopper.update(next_epoch, row):
-                    best_params = params
-                    rundir.atomic_write_npz(out / "weights.npz", _tree_to_npz(best_params))
-                    rundir.atomic_write_json(driver_ckpt, {"best_epoch": next_epoch})
-                bar.update(1)
-                bar.set_postfix(loss=f"{loss:.4f}", val=f"{row['val_acc']:.3f}")
-                if stopper.should_stop and stop_at > next_epoch:
-                    stop_at = next_epoch
-                    for p in range(P):
-                        t.send(M.CONTROL, p, Message("STOP_AFTER", next_epoch, -1, -1, p, -1))
-                next_epoch += 1
-                for v in [v for v in versions if v <= next_epoch - 1]:
-                    del versions[v]
-        # Orderly shutdown: tensor workers first (nothing needs them now), then the parameter server and the
-        # graph servers, each reading its channels to the end before it reports.
-        t_shutdown = time.perf_counter()
-        role_names = ["param-server", *(f"graph-server-{p}" for p in range(P))]
-        worker_names = [f"tensor-worker-{k}" for k in range(workers)]
-        t.send(M.CONTROL, worker_control_partition(P), Message("STOP", next_epoch, -1, -1, P, -1))
-        t.flush()
-        wait_finals(worker_names, FINAL_TIMEOUT_S)
-        for p in range(P):
-            t.send(M.CONTROL, p, Message("STOP", next_epoch, -1, -1, p, -1))
-        t.flush()
-        wait_finals(role_names, FINAL_TIMEOUT_S)
-        if launcher is not None:
-            codes = launcher.wait(60.0)
-            bad = {r: c for r, c in codes.items() if c != 0}
-            if bad:
-                launcher.check()
-                raise RoleFailed(f"roles did not exit cleanly: {bad}")
-        pump(0.0)
-        t.drain(timeout_s=60)
-        ok = True
-    except BaseException as e:
-        info.update(status="failed", error=f"{type(e).__name__}: {e}")
-        raise
-    finally:
-        bar.close()
-        log.close()
-        if not ok:
-            try:  # best effort: stop whatever still runs
-                for p in range(P + 1):
-                    t.send(M.CONTROL, p, Message("STOP", next_epoch, -1, -1, p, -1))
-                t.flush(timeout_s=5)
-            except Exception:
-                pass
-            if launcher is not None:
-                launcher.terminate()
-            rundir.atomic_write_json(out / "run.json", info)
-        try:
-            t.close()
-        except Exception:
-            if ok:
-                raise
-    seconds = time.perf_counter() - t_start
-    if not history:
-        raise EngineError("the run produced no epochs")
-    if best_params is None:
-        best_params = versions.get(final_version) or {}
-    final_params = versions.get(final_version, best_params)
-    best = history[stopper.best_epoch]
-    busy: dict[str, float] = {}
-    for m in last_part_stats.values():
-        for k, v in m.get("busy_s", {}).items():
-            busy[f"graph_server.{k}"] = busy.get(f"graph_server.{k}", 0.0) + v
-    pools.extend(finals[r]["stats"] for r in finals if r.startswith("tensor-worker-"))
-    pool_busy = sum(float(s.get("busy_s", 0.0)) for s in pools)
-    busy["tensor_workers"] = pool_busy
-    ps_stats = finals.get("param-server", {}).get("stats", {})
-    busy["param_server.WU"] = float(ps_stats.get("busy_s", 0.0))
-    gs_busy = sum(v for k, v in busy.items() if k.startswith("graph_server."))
-    epoch_times = [r["epoch_s"] for r in history[start + 1:]] or [history[-1]["epoch_s"]]
-    transport = merge_stats([t.stats()] + [f.get("transport", {}) for f in finals.values()])
-    n_workers = sum(int(s.get("workers", s.get("size", 1)) or 1) for s in pools) or 1
-    summary = {
-        "status": "complete",
-        "dataset": graph.summary(),
-        "model": cfg.model,
-        "engine": "pipelined",
-        "transport_kind": "kafka",
-        "run_id": info["run_id"],
-        "topic_run_id": info["topic_run_id"],
-        "resumed_from_epoch": start if info["incarnation"] else None,
-        "incarnation": info["incarnation"],
-        "epochs": len(history),
-        "best_epoch": stopper.best_epoch,
-        "best_val_acc": best["val_acc"],
-        "test_acc": best["test_acc"],
-        "train_acc": best["train_acc"],
-        "final_loss": history[-1]["loss"],
-        "seconds": seconds,
-        "startup_s": history[start]["epoch_s"] if len(history) > start else None,  # launch to first epoch
-        "shutdown_s": seconds - (t_shutdown - t_start),
-        "epoch_s_median": float(np.median(epoch_times)),
-        "seed": cfg.seed,
-        "partitions": P,
-        "intervals": cfg.intervals,
-        "staleness": "none" if cfg.staleness is None else cfg.staleness,
-        "wu": cfg.wu,
-        "tensor_workers": cfg.tensor_workers,
-        "tensor_worker_processes": workers,
-        "max_staleness_observed": max([int(m.get("max_staleness", 0)) for m in last_part_stats.values()] or [0]),
-        "max_interval_epoch_spread": spread,
-        "relaunches": sum(int(m.get("relaunches", 0)) for m in last_part_stats.values()),
-        "duplicates_discarded": sum(int(m.get("duplicates", 0)) for m in last_part_stats.values()),
-        "busy_s": busy,
-        "utilization": {
-            "graph_servers": gs_busy / (seconds * P),
-            "tensor_workers": pool_busy / (seconds * n_workers),
-            "param_server": busy["param_server.WU"] / seconds,
-        },
-        "tensor_tasks": sum(int(s.get("tasks", 0)) for s in pools),
-        "injected_failures": sum(int(s.get("injected_failures", 0)) for s in pools),
-        "injected_delays": sum(int(s.get("injected_delays", 0)) for s in pools),
-        "dead_letters": transport["dead_letter_total"],
-        "transport": transport,
-        "roles": {r: {k: v for k, v in f.items() if k not in ("transport",)} for r, f in sorted(finals.items())},
-    }
-    summary["cost"] = meter.summary(seconds, len(history), transport, busy)
-    summary.update(time_s=seconds, cost_usd=summary["cost"]["cost_usd"],
-                   cost_per_epoch_usd=summary["cost"]["cost_per_epoch_usd"], value=summary["cost"]["value"])
-    parts = [f.get("stats", {}).pop("spans", []) for f in finals.values()]  # out of summary["roles"] too
-    timeline = merge_wall_rows(parts, t_start_wall)
-    summary["timeline"] = {"spans": write_rows(out / "timeline.jsonl", timeline), "file": "timeline.jsonl",
-                           "dropped": sum(int(f.get("stats", {}).get("spans_dropped", 0)) for f in finals.values()),
-                           "clock": "each role's wall clock, merged by the driver"}
-    info.update(status="complete")
-    rundir.atomic_write_json(out / "run.json", info)
-    if best_params:
-        rundir.atomic_write_npz(out / "weights.npz", _tree_to_npz(best_params))
-    rundir.atomic_write_json(out / "summary.json", summary)
-    return TrainResult(final_params, best_params, history, summary)
+            return P.from_npz(z)
+    return None
 
 
 def resume_train(run_dir: str | Path, *, bootstrap: str | None = None, show_progress: bool = False):

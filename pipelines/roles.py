@@ -38,8 +38,8 @@ import jax
 import numpy as np
 
 from pipelines import rundir
-from pipelines.engine import messages as M
-from pipelines.engine.messages import EngineError, Message
+from pipelines.engine.messages import EngineError
+from schemas.tasks import Channel, Lifecycle, Message
 
 PS_CKPT_RE = re.compile(r"^param-server-(\d+)\.npz$")
 KEEP_PS_CHECKPOINTS = 3
@@ -156,13 +156,13 @@ def _final(t, role: str, partition: int, stats: dict) -> None:
     """The role's last message: its statistics and its transport counters (this message counted in)."""
     t.flush(timeout_s=120)
     ts = t.stats()
-    ch = ts["channels"].setdefault(f"{M.METRICS}/0", {"produced": 0, "consumed": {}})
+    ch = ts["channels"].setdefault(f"{Channel.METRICS}/0", {"produced": 0, "consumed": {}})
     ch["produced"] += 1
-    ts["messages"][M.METRICS] = ts["messages"].get(M.METRICS, 0) + 1
+    ts["messages"][Channel.METRICS] = ts["messages"].get(Channel.METRICS, 0) + 1
     import resource
 
     ru = resource.getrusage(resource.RUSAGE_SELF)
-    t.send(M.METRICS, 0, Message("FINAL", -1, -1, -1, partition, -1,
+    t.send(Channel.METRICS, 0, Message(Lifecycle.FINAL, -1, -1, -1, partition, -1,
                                  meta={"role": role, "stats": stats, "transport": ts, "offsets": t.offsets(),
                                        "pid": os.getpid(), "cpu_s": ru.ru_utime + ru.ru_stime,
                                        "max_rss_mb": ru.ru_maxrss / 1024}))
@@ -175,7 +175,7 @@ def _failed(t, role: str, partition: int, e: BaseException) -> None:
     if t is None:
         return
     try:
-        t.send(M.METRICS, 0, Message("FAILED", -1, -1, -1, partition, -1,
+        t.send(Channel.METRICS, 0, Message(Lifecycle.FAILED, -1, -1, -1, partition, -1,
                                      meta={"role": role, "error": f"{type(e).__name__}: {e}"}))
         t.flush(timeout_s=30)
     except Exception:  # the broker may be the problem; the exit code and the log still say it
@@ -187,7 +187,7 @@ def _wait_stop(consumers, should_stop=None, poll_s: float = 0.1) -> None:
     while True:
         for c in consumers:
             for msg in c.poll(poll_s):
-                if msg.kind == "STOP":
+                if msg.kind == Lifecycle.STOP:
                     return
             c.commit()
         if should_stop is not None:
@@ -328,7 +328,7 @@ def cmd_tensor_worker(args) -> int:
 
     def body(cfg, graph, t):
         pool = build_tensor_workers(cfg, graph, t)
-        control = t.consumer([(M.CONTROL, worker_control_partition(cfg.partitions))], group=f"{role}-control")
+        control = t.consumer([(Channel.CONTROL, worker_control_partition(cfg.partitions))], group=f"{role}-control")
         pool.start()
         seen = {"versions": 0}
 

@@ -37,11 +37,11 @@ import numpy as np
 
 from ops import lambda_handler as LH
 from pipelines.config import ConfigError
-from pipelines.engine import messages as M
 from pipelines.engine.autotune import Autotuner
-from pipelines.engine.messages import EngineError, Message
+from pipelines.engine.messages import EngineError
 from pipelines.engine.param_server import flatten
 from pipelines.engine.pools import MAX_WORKERS, QueuedPool, autotune_start
+from schemas.tasks import Channel, Message, TaskKind
 
 INVOKE_LIMIT = LH.INVOKE_LIMIT_BYTES - 16 * 1024   # headroom for the event's JSON around the payload
 WEIGHTS_INLINE_LIMIT = 1024 * 1024                  # larger weight versions go to S3 (once per version)
@@ -418,8 +418,8 @@ class AwsLambdaPool(QueuedPool):
             with self._lock:
                 self.counters["failed_tasks"] += 1
             # Not retryable: the retries (bounded) happened here; a relaunch would start them over.
-            self.t.send(M.TENSOR_RESULTS, msg.partition, msg.replace(
-                kind="ERROR", arrays={}, meta={**msg.meta, "error": text, "error_type": etype, "task": msg.kind,
+            self.transport.send(Channel.TENSOR_RESULTS, msg.partition, msg.replace(
+                kind=TaskKind.ERROR, arrays={}, meta={**msg.meta, "error": text, "error_type": etype, "task": msg.kind,
                                                "retryable": False}))
             return
         dt = time.perf_counter() - t0
@@ -430,14 +430,14 @@ class AwsLambdaPool(QueuedPool):
             while len(self._done) > 100_000:
                 self._done.popitem(last=False)
         if grads:
-            gmsg = Message("GRAD", msg.epoch, msg.stage, msg.interval, msg.partition, msg.version)
+            gmsg = Message(TaskKind.GRAD, msg.epoch, msg.stage, msg.interval, msg.partition, msg.version)
             for name in sorted({k.split("/", 1)[0] for k in grads}):
                 sub = {k: np.asarray(v) for k, v in grads.items() if k.startswith(name + "/")}
-                self.t.send(M.GRADS, 0, gmsg.replace(arrays=sub, meta={"stage_name": name}))
+                self.transport.send(Channel.GRADS, 0, gmsg.replace(arrays=sub, meta={"stage_name": name}))
         reply = Message(msg.kind, msg.epoch, msg.stage, msg.interval, msg.partition, msg.version,
                         arrays={k: np.asarray(v) for k, v in arrays.items()},
                         meta={"attempt": msg.meta.get("attempt", 0), **scalars, "busy_s": dt})
-        self.t.send(M.TENSOR_RESULTS, msg.partition, reply)
+        self.transport.send(Channel.TENSOR_RESULTS, msg.partition, reply)
 
     def stats(self) -> dict:
         st = super().stats()

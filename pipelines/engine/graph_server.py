@@ -19,9 +19,9 @@ import numpy as np
 from ops import models
 from ops.optim import dropout_seeds
 from ops.tasks import BLOCK_ARRAYS, backward_fn, forward_fn, gather_transpose_fn
-from pipelines.engine import messages as M
 from pipelines.engine.spans import clock
-from pipelines.engine.messages import EngineError, Message, check_routing
+from pipelines.engine.messages import EngineError, check_routing
+from schemas.tasks import Channel, Direction, Lifecycle, Message, StageKind, Step, TaskKind
 
 
 class _Interval:
@@ -39,20 +39,20 @@ class GraphServer:
                  labels: np.ndarray, train_mask: np.ndarray, num_partitions: int, staleness: int | None,
                  epochs: int, seed: int, loss_scale: float, straggler_k: float = 2.0, straggler_min_s: float = 0.5,
                  start_epoch: int = 0):
-        self.t = transport
+        self.transport = transport
         self.plan = plan
-        self.p = plan.partition
+        self.partition = plan.partition
         self.model = model
         self.spec = model_spec
         self.stages = model.stages
-        self.P = num_partitions
-        self.K = len(plan.intervals)
-        self.S = 0 if staleness is None else staleness
+        self.num_partitions = num_partitions
+        self.num_intervals = len(plan.intervals)
+        self.staleness = 0 if staleness is None else staleness
         self.sync_barrier = staleness is None
         self.epochs = epochs
         self.seed = seed
         self.scale = loss_scale
-        self.k, self.min_s = straggler_k, straggler_min_s
+        self.straggler_k, self.straggler_min_s = straggler_k, straggler_min_s
         self.n_own = plan.num_owned
         colspace = plan.colspace
         self.x_cols = np.ascontiguousarray(features[colspace])
@@ -86,11 +86,11 @@ class GraphServer:
         self.global_wm = collections.defaultdict(set)  # (dir, stage, epoch) -> partitions that finished it
         self.latest_version = -1
         self.start_epoch = start_epoch  # a resumed run starts here; it counts as epoch 0 for staleness
-        self.epoch = [start_epoch] * self.K
+        self.epoch = [start_epoch] * self.num_intervals
         # Global ids of the rows SC sends to / receives from each partition (ghost rows travel as vertex blocks).
         self.sc_ids = {q: plan.owned[idx].astype(np.int64) for q, idx in plan.send.items()}
         self.ghost_ids = {q: plan.ghosts[idx].astype(np.int64) for q, idx in plan.recv.items()}
-        self.state = [_Interval() for _ in range(self.K)]
+        self.state = [_Interval() for _ in range(self.num_intervals)]
         self.inflight: dict[tuple, list] = {}
         self.ema: dict[str, float] = {}
         self.epoch_stats = collections.defaultdict(lambda: {"loss_sum": 0.0, "count": 0.0, "correct": 0.0, "n": 0})
@@ -102,31 +102,32 @@ class GraphServer:
         self.error: BaseException | None = None
         self._stop = threading.Event()
         self.spans = None  # a SpanLog, set by the driver to record the timeline
-        self.lane = f"graph-server-{self.p}"
-        self._waiting: list = [None] * self.K  # interval -> [wait start, gate] while its next step is not ready
+        self.lane = f"graph-server-{self.partition}"
+        self._waiting: list = [None] * self.num_intervals  # interval -> [wait start, gate] while its next step is not ready
         self._gate = None
         self.consumer = transport.consumer(
-            [(M.TENSOR_RESULTS, self.p), (M.GHOSTS, self.p), (M.GHOST_GRADS, self.p), (M.WATERMARKS, self.p),
-             (M.CONTROL, self.p)], group=f"graph-server-{self.p}")
-        self.wconsumer = transport.consumer([(M.WEIGHTS, 0)], group=f"graph-server-{self.p}-weights")
+            [(Channel.TENSOR_RESULTS, self.partition), (Channel.GHOSTS, self.partition), (Channel.GHOST_GRADS, self.partition), (Channel.WATERMARKS, self.partition),
+             (Channel.CONTROL, self.partition)], group=f"graph-server-{self.partition}")
+        self.wconsumer = transport.consumer([(Channel.WEIGHTS, 0)], group=f"graph-server-{self.partition}-weights")
 
     # ------------------------------------------------------------------------------------------------ setup
     def _build_schedule(self) -> list[tuple[str, int]]:
-        """The steps of one epoch: ("F", s) forward, ("LAST", s) fused AV+loss, ("LOSS", s), ("B", s) backward."""
+        """The steps of one epoch, (Step, stage index): forward stages, the fused last layer (LAST) or the loss
+        alone (LOSS), then the backward stages."""
         st = self.stages
         steps, last = [], len(st) - 1
-        fused = st[last - 1].kind == "AV"
+        fused = st[last - 1].kind == StageKind.AV
         for s in range(last):
             if fused and s == last - 1:
-                steps.append(("LAST", s))
+                steps.append((Step.LAST, s))
             else:
-                steps.append(("F", s))
+                steps.append((Step.FORWARD, s))
         if not fused:
-            steps.append(("LOSS", last))
+            steps.append((Step.LOSS, last))
         for s in range(last - 1, -1, -1):
             if fused and s == last - 1:
                 continue
-            steps.append(("B", s))
+            steps.append((Step.BACKWARD, s))
         return steps
 
     def _static_blocks(self) -> None:
@@ -147,7 +148,7 @@ class GraphServer:
 
     # ------------------------------------------------------------------------------------------------ helpers
     def version_for(self, e: int) -> int:
-        return max(e - self.S, self.start_epoch)
+        return max(e - self.staleness, self.start_epoch)
 
     def seed_for(self, e: int, s: int) -> int:
         return int(dropout_seeds(self.seed, e, len(self.stages))[s])
@@ -182,15 +183,15 @@ class GraphServer:
             if i not in self._static_cols:  # the input features never change: gather them once
                 self._static_cols[i] = jnp.asarray(self.x_cols[iv.cols])
             return self._static_cols[i]
-        if len(self.fwd_done[ps][e]) < self.K:
+        if len(self.fwd_done[ps][e]) < self.num_intervals:
             self._gate = "local"
             return None
-        e_ghost = max(e - self.S, self.start_epoch)
+        e_ghost = max(e - self.staleness, self.start_epoch)
         wm = self.ghost_wm[(ps, name)]
         if wm and min(wm.values()) < e_ghost:
             self._gate = "ghosts"
             return None
-        if self.sync_barrier and len(self.global_wm[("F", ps, e)]) < self.P - 1:
+        if self.sync_barrier and len(self.global_wm[(Direction.FORWARD, ps, e)]) < self.num_partitions - 1:
             self._gate = "barrier"
             return None
         own = self.fwd[(ps, name)][e]
@@ -245,7 +246,7 @@ class GraphServer:
                 store = self._ensure_store(s, name, e, val.shape[1:])
                 store[iv.start:iv.end] = val[:n]
         self.fwd_done[s][e].add(i)
-        if len(self.fwd_done[s][e]) == self.K:
+        if len(self.fwd_done[s][e]) == self.num_intervals:
             self._scatter(s, e)
 
     def _scatter(self, s: int, e: int) -> None:
@@ -256,15 +257,15 @@ class GraphServer:
                 continue
             store = self._store(s, name, e)
             for q, idx in self.plan.send.items():
-                self.t.send(M.GHOSTS, q, Message("SC", e, s, -1, self.p, -1,
+                self.transport.send(Channel.GHOSTS, q, Message(TaskKind.SC, e, s, -1, self.partition, -1,
                                                  arrays={name: store[idx], "vertex": self.sc_ids[q]},
                                                  meta={"name": name}))
-        for q in range(self.P):
-            if q != self.p:
-                self.t.send(M.WATERMARKS, q, Message("WM", e, s, -1, self.p, -1, meta={"dir": "F"}))
+        for q in range(self.num_partitions):
+            if q != self.partition:
+                self.transport.send(Channel.WATERMARKS, q, Message(TaskKind.WATERMARK, e, s, -1, self.partition, -1, meta={"dir": Direction.FORWARD}))
         t1 = clock()
-        self.busy_s["SC"] += t1 - t0
-        self._span("SC", e, -1, t0, t1)
+        self.busy_s[TaskKind.SC] += t1 - t0
+        self._span(TaskKind.SC, e, -1, t0, t1)
 
     def _on_ghosts(self, msg: Message) -> None:
         name = msg.meta["name"]
@@ -303,12 +304,12 @@ class GraphServer:
         if local is None:
             self._gate = "local"
             return None
-        e_ghost = max(e - self.S, self.start_epoch)
+        e_ghost = max(e - self.staleness, self.start_epoch)
         wm = self.bwd_wm[(ps, name)]
         if wm and min(wm.values()) < e_ghost:
             self._gate = "ghost_grads"
             return None
-        if self.sync_barrier and len(self.global_wm[("B", ps, e)]) < self.P - 1:
+        if self.sync_barrier and len(self.global_wm[(Direction.BACKWARD, ps, e)]) < self.num_partitions - 1:
             self._gate = "barrier"
             return None
         tot = np.array(local[: self.n_own])
@@ -324,31 +325,31 @@ class GraphServer:
     def _col_grad(self, i: int, e: int, ps: int, name: str, g: np.ndarray) -> None:
         """A local ∇GA/∇AE contribution to columns; once all intervals gave theirs, ∇SC the ghost part."""
         self.bwd_local[(ps, name)][e][i] = np.asarray(g)
-        if len(self.bwd_local[(ps, name)][e]) < self.K:
+        if len(self.bwd_local[(ps, name)][e]) < self.num_intervals:
             return
         t0 = clock()
         parts = self.bwd_local[(ps, name)].pop(e)
         total = np.zeros((self.x_cols.shape[0], *parts[0].shape[1:]), np.float32)
-        for k in range(self.K):  # fixed order: results do not depend on timing
+        for k in range(self.num_intervals):  # fixed order: results do not depend on timing
             iv = self.plan.intervals[k]
             total[iv.cols[: iv.num_cols]] += parts[k][: iv.num_cols]
         self.bwd_sum[(ps, name)][e] = total
         for q, idx in self.plan.recv.items():
-            self.t.send(M.GHOST_GRADS, q, Message("SC_BWD", e, ps, -1, self.p, -1,
+            self.transport.send(Channel.GHOST_GRADS, q, Message(TaskKind.SC_BWD, e, ps, -1, self.partition, -1,
                                                   arrays={name: total[self.n_own + idx],
                                                           "vertex": self.ghost_ids[q]}, meta={"name": name}))
-        for q in range(self.P):
-            if q != self.p:
-                self.t.send(M.WATERMARKS, q, Message("WM", e, ps, -1, self.p, -1, meta={"dir": "B"}))
+        for q in range(self.num_partitions):
+            if q != self.partition:
+                self.transport.send(Channel.WATERMARKS, q, Message(TaskKind.WATERMARK, e, ps, -1, self.partition, -1, meta={"dir": Direction.BACKWARD}))
         t1 = clock()
-        self.busy_s["SC_BWD"] += t1 - t0
-        self._span("SC_BWD", e, -1, t0, t1)
+        self.busy_s[TaskKind.SC_BWD] += t1 - t0
+        self._span(TaskKind.SC_BWD, e, -1, t0, t1)
 
     def _check_ids(self, msg: Message, expected: dict) -> None:
         ids = msg.arrays.get("vertex")
         if ids is not None and not np.array_equal(ids, expected.get(msg.partition, ())):
             raise EngineError(f"{msg.kind} rows from partition {msg.partition} (epoch {msg.epoch}) name vertices "
-                              f"that partition {self.p} does not exchange with it")
+                              f"that partition {self.partition} does not exchange with it")
 
     def _on_ghost_grads(self, msg: Message) -> None:
         name = msg.meta["name"]
@@ -372,10 +373,10 @@ class GraphServer:
 
     # ------------------------------------------------------------------------------------------------ tasks
     def _dispatch(self, kind: str, i: int, e: int, s: int, arrays: dict, meta: dict) -> None:
-        msg = Message(kind, e, s, i, self.p, self.version_for(e), arrays=arrays,
+        msg = Message(kind, e, s, i, self.partition, self.version_for(e), arrays=arrays,
                       meta={"model": self.spec, "attempt": 0, **meta})
         self.inflight[msg.key] = [msg, time.monotonic(), 0]
-        self.t.send(M.TENSOR_TASKS, 0, msg)
+        self.transport.send(Channel.TENSOR_TASKS, 0, msg)
 
     def _relaunch(self, key, reason: str) -> None:
         entry = self.inflight[key]
@@ -383,18 +384,18 @@ class GraphServer:
         entry[1] = time.monotonic()
         entry[2] = attempts + 1
         self.relaunches += 1
-        self.t.send(M.TENSOR_TASKS, 0, msg.replace(meta={**msg.meta, "attempt": attempts + 1, "reason": reason}))
+        self.transport.send(Channel.TENSOR_TASKS, 0, msg.replace(meta={**msg.meta, "attempt": attempts + 1, "reason": reason}))
 
     def _check_stragglers(self) -> None:
         now = time.monotonic()
         for key, (msg, sent, _) in list(self.inflight.items()):
-            limit = max(self.min_s, self.k * self.ema.get(msg.kind, self.min_s))
+            limit = max(self.straggler_min_s, self.straggler_k * self.ema.get(msg.kind, self.straggler_min_s))
             if now - sent > limit:
                 self._relaunch(key, "late")
 
     def _on_result(self, msg: Message) -> None:
-        check_routing(msg, self.P, self.K, len(self.stages))
-        if msg.kind == "ERROR":
+        check_routing(msg, self.num_partitions, self.num_intervals, len(self.stages))
+        if msg.kind == TaskKind.ERROR:
             key = (msg.meta["task"], msg.epoch, msg.stage, msg.interval, msg.partition)
             if key in self.inflight:
                 if not msg.meta.get("retryable"):
@@ -407,7 +408,7 @@ class GraphServer:
             return
         dt = time.monotonic() - entry[1]
         self._span(msg.kind, msg.epoch, msg.interval, entry[1], entry[1] + dt, lane="tensor-workers",
-                   detail={"partition": self.p, "attempt": entry[2], "busy": msg.meta.get("busy_s")})
+                   detail={"partition": self.partition, "attempt": entry[2], "busy": msg.meta.get("busy_s")})
         if entry[2] == 0:
             self.ema[msg.kind] = dt if msg.kind not in self.ema else 0.8 * self.ema[msg.kind] + 0.2 * dt
         i, e, s = msg.interval, msg.epoch, msg.stage
@@ -415,24 +416,24 @@ class GraphServer:
             raise EngineError(f"result {msg.kind} for interval {i} epoch {e}, but the interval is in epoch "
                               f"{self.epoch[i]}")
         ist = self.state[i]
-        if msg.kind in ("AV", "AE"):
+        if msg.kind in (TaskKind.AV, TaskKind.AE):
             self._on_outputs(i, e, s, msg.arrays)
-        elif msg.kind in ("LAST", "LOSS"):
+        elif msg.kind in (TaskKind.LAST, TaskKind.LOSS):
             stats = self.epoch_stats[e]
             for k in ("loss_sum", "count", "correct"):
                 stats[k] += msg.meta[k]
             stats["n"] += 1
-            if stats["n"] == self.K:
+            if stats["n"] == self.num_intervals:
                 self._report_epoch(e)
             # dh is the gradient w.r.t. the LAST/LOSS input rows, produced by the stage before it.
             self._deposit_input_grads(i, e, s, {"h": msg.arrays["dh"]})
-        elif msg.kind in ("AV_BWD", "AE_BWD"):
+        elif msg.kind in (TaskKind.AV_BWD, TaskKind.AE_BWD):
             self._deposit_input_grads(i, e, s, {k[2:]: v for k, v in msg.arrays.items() if k.startswith("d_")})
         ist.step += 1
 
     def _report_epoch(self, e: int) -> None:
         stats = self.epoch_stats.pop(e)
-        self.t.send(M.METRICS, 0, Message("EPOCH", e, -1, -1, self.p, -1, meta={
+        self.transport.send(Channel.METRICS, 0, Message(Lifecycle.EPOCH, e, -1, -1, self.partition, -1, meta={
             "loss_sum": stats["loss_sum"], "count": stats["count"], "correct": stats["correct"],
             "max_staleness": self.max_staleness, "relaunches": self.relaunches, "duplicates": self.duplicates,
             "busy_s": dict(self.busy_s), "interval_epochs": list(self.epoch)}))
@@ -452,34 +453,34 @@ class GraphServer:
             return False
         if ist.step == 0 and self.latest_version < self.version_for(e):
             return self._wait(i, "weights")
-        if kind == "F" or kind == "LAST" or kind == "LOSS":
+        if kind in (Step.FORWARD, Step.LAST, Step.LOSS):
             self._gate = None
             inputs = self._inputs(i, e, s)
             if inputs is None:
                 return self._wait(i, self._gate)
             self._end_wait(i, e, f"{kind}{s}")
             # Keep what the stage's VJP reads: an unweighted GA's backward needs no inputs (∇GA is Âᵀ·g).
-            ist.saved[s] = {} if (st.kind == "GA" and not st.weighted) else inputs
+            ist.saved[s] = {} if (st.kind == StageKind.GA and not st.weighted) else inputs
             seed = self.seed_for(e, s)
-            if kind == "F" and st.kind == "GA":
+            if kind == Step.FORWARD and st.kind == StageKind.GA:
                 t0 = clock()
                 out = forward_fn(st)({}, inputs, self.blocks_dev[i], jnp.uint32(seed))
                 out = {k: np.asarray(v) for k, v in out.items()}
                 t1 = clock()
-                self.busy_s["GA"] += t1 - t0
-                self._span("GA", e, i, t0, t1)
+                self.busy_s[TaskKind.GA] += t1 - t0
+                self._span(TaskKind.GA, e, i, t0, t1)
                 ist.step += 1
                 self._on_outputs(i, e, s, out)
                 return True
             blk = self.blocks[i]
             arrays = {**inputs, "row_gids": blk.row_gids}
             meta = {"seed": seed}
-            if st.kind == "AE":
+            if st.kind == StageKind.AE:
                 arrays.update({k: getattr(blk, k) for k in BLOCK_ARRAYS})
-            if kind in ("LAST", "LOSS"):
+            if kind in (Step.LAST, Step.LOSS):
                 arrays.update(labels=self.rows_static[i]["labels"], mask=self.rows_static[i]["mask"])
                 meta["scale"] = self.scale
-            self._dispatch(kind if kind != "F" else st.kind, i, e, s, arrays, meta)
+            self._dispatch(TaskKind(kind) if kind != Step.FORWARD else TaskKind(st.kind), i, e, s, arrays, meta)
             return True
         # backward
         self._gate = None
@@ -493,7 +494,7 @@ class GraphServer:
             return True
         inputs = ist.saved[s]
         seed = self.seed_for(e, s)
-        if st.kind == "GA":
+        if st.kind == StageKind.GA:
             t0 = clock()
             if st.weighted:
                 _, gin = backward_fn(st, wrt)({}, inputs, self.blocks_dev[i], jnp.uint32(seed),
@@ -502,16 +503,16 @@ class GraphServer:
                 gin = {"h": gather_transpose_fn()(self.blocks_dev[i], jnp.asarray(out_grads["h"]))}
             gin = {k: np.asarray(v) for k, v in gin.items()}
             t1 = clock()
-            self.busy_s["GA_BWD"] += t1 - t0
-            self._span("GA_BWD", e, i, t0, t1)
+            self.busy_s[TaskKind.GA_BWD] += t1 - t0
+            self._span(TaskKind.GA_BWD, e, i, t0, t1)
             ist.step += 1
             self._deposit_input_grads(i, e, s, gin)
             return True
         blk = self.blocks[i]
         arrays = {**inputs, "row_gids": blk.row_gids, **{f"g_{k}": v for k, v in out_grads.items()}}
-        if st.kind == "AE":
+        if st.kind == StageKind.AE:
             arrays.update({k: getattr(blk, k) for k in BLOCK_ARRAYS})
-        self._dispatch(f"{st.kind}_BWD", i, e, s, arrays, {"seed": seed, "wrt": list(wrt)})
+        self._dispatch(TaskKind(f"{st.kind}_BWD"), i, e, s, arrays, {"seed": seed, "wrt": list(wrt)})
         return True
 
     def _finish_epoch(self, i: int) -> None:
@@ -520,7 +521,7 @@ class GraphServer:
         self._gc()
 
     def _gc(self) -> None:
-        low = min(self.epoch) - self.S - 1
+        low = min(self.epoch) - self.staleness - 1
         for stores in (self.fwd, self.bwd_sum, self.bwd_total):
             for st in stores.values():
                 for e in [e for e in st if e < low]:
@@ -534,22 +535,22 @@ class GraphServer:
 
     # ------------------------------------------------------------------------------------------------ loop
     def handle(self, msg: Message) -> None:
-        if msg.kind == "STOP_AFTER":
+        if msg.kind == Lifecycle.STOP_AFTER:
             self.stop_after = min(self.stop_after, msg.epoch)
             return
-        if msg.kind == "STOP":
+        if msg.kind == Lifecycle.STOP:
             self._stop.set()
             return
-        if msg.kind == "WM":
-            check_routing(msg, self.P, self.K, len(self.stages))
+        if msg.kind == TaskKind.WATERMARK:
+            check_routing(msg, self.num_partitions, self.num_intervals, len(self.stages))
             self.global_wm[(msg.meta["dir"], msg.stage, msg.epoch)].add(msg.partition)
             return
-        if msg.kind == "SC":
-            check_routing(msg, self.P, self.K, len(self.stages))
+        if msg.kind == TaskKind.SC:
+            check_routing(msg, self.num_partitions, self.num_intervals, len(self.stages))
             self._on_ghosts(msg)
             return
-        if msg.kind == "SC_BWD":
-            check_routing(msg, self.P, self.K, len(self.stages))
+        if msg.kind == TaskKind.SC_BWD:
+            check_routing(msg, self.num_partitions, self.num_intervals, len(self.stages))
             self._on_ghost_grads(msg)
             return
         self._on_result(msg)
@@ -569,17 +570,17 @@ class GraphServer:
                 progressed = True
                 while progressed:
                     progressed = False
-                    for i in range(self.K):
+                    for i in range(self.num_intervals):
                         while self._try_step(i):
                             progressed = True
                 self._check_stragglers()
-            self.t.flush()  # DONE means every message this server sent has been delivered
-            self.t.send(M.METRICS, 0, Message("DONE", min(self.epoch) - 1, -1, -1, self.p, -1, meta={
+            self.transport.flush()  # DONE means every message this server sent has been delivered
+            self.transport.send(Channel.METRICS, 0, Message(Lifecycle.DONE, min(self.epoch) - 1, -1, -1, self.partition, -1, meta={
                 "busy_s": dict(self.busy_s), "relaunches": self.relaunches, "duplicates": self.duplicates,
                 "max_staleness": self.max_staleness}))
         except BaseException as e:
             self.error = e
-            self.t.send(M.METRICS, 0, Message("FAILED", -1, -1, -1, self.p, -1, meta={"error": repr(e)}))
+            self.transport.send(Channel.METRICS, 0, Message(Lifecycle.FAILED, -1, -1, -1, self.partition, -1, meta={"error": repr(e)}))
         finally:
             self.consumer.close()
             self.wconsumer.close()

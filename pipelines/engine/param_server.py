@@ -15,8 +15,8 @@ import jax
 import numpy as np
 import optax
 
-from pipelines.engine import messages as M
-from pipelines.engine.messages import EngineError, Message
+from pipelines.engine.messages import EngineError
+from schemas.tasks import Channel, Lifecycle, Message, TaskKind
 
 
 @dataclasses.dataclass
@@ -92,7 +92,7 @@ class ParameterServer:
 
     def __init__(self, transport, params: dict, tx, *, partitions: int, intervals: int, param_stages: list[str],
                  mode: str, staleness: int | None, epochs: int, on_version=None):
-        self.t = transport
+        self.transport = transport
         self.tx = tx
         self.state = init(params, tx)
         self.expected = [(p, i) for p in range(partitions) for i in range(intervals)]
@@ -107,7 +107,7 @@ class ParameterServer:
         self.updates = 0
         self.error: BaseException | None = None
         self._stop = threading.Event()
-        self._consumer = transport.consumer([(M.GRADS, 0), (M.CONTROL, 0)], group="param-server")
+        self._consumer = transport.consumer([(Channel.GRADS, 0), (Channel.CONTROL, 0)], group="param-server")
         self._lock = threading.Lock()
         self.spans = None  # a SpanLog, set by the driver to record the timeline
 
@@ -121,18 +121,18 @@ class ParameterServer:
     def publish(self, version: int) -> None:
         w = self.weights(version)
         keep = min(self.state.versions)
-        msg = Message("WEIGHTS", version - 1, -1, -1, 0, version, arrays=flatten(w), meta={"retire_below": keep})
-        self.t.send(M.WEIGHTS, 0, msg)
+        msg = Message(TaskKind.WEIGHTS, version - 1, -1, -1, 0, version, arrays=flatten(w), meta={"retire_below": keep})
+        self.transport.send(Channel.WEIGHTS, 0, msg)
         if self.on_version:
             self.on_version(version, w)
 
     def handle(self, msg: Message) -> None:
-        if msg.kind == "STOP":
+        if msg.kind == Lifecycle.STOP:
             self._stop.set()
             return
-        if msg.kind == "STOP_AFTER":
+        if msg.kind == Lifecycle.STOP_AFTER:
             return  # early stopping is for graph servers (it shares control partition 0 with graph server 0)
-        if msg.kind != "GRAD":
+        if msg.kind != TaskKind.GRAD:
             raise EngineError(f"parameter server got an unexpected {msg.kind} message")
         e = msg.epoch
         if e < self.state.version and msg.version <= e:
@@ -165,7 +165,7 @@ class ParameterServer:
             t1 = time.monotonic()
             self.busy_s += t1 - t0
             if self.spans is not None:
-                self.spans.add("param-server", "WU", e, -1, t0, t1)
+                self.spans.add("param-server", TaskKind.WU, e, -1, t0, t1)
             self.updates += 1 if self.mode == "sync" else len(self.expected)
             self.publish(e + 1)
 

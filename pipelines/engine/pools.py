@@ -1,4 +1,4 @@
-"""Tensor-worker backends beyond the fixed local pool, and the factory the runner uses.
+"""Tensor-worker backends beyond the fixed local pool (the factory is `pipelines.engine.runner.make_tensor_workers`).
 
 - `QueuedPool`: a local pool whose worker count can change while it runs; with an `Autotuner` it follows the
   trend of the task backlog (`--tensor-workers auto`). A dispatcher thread takes tasks off the tensor channel
@@ -13,10 +13,10 @@ import queue
 import threading
 import time
 
-from pipelines.engine import messages as M
 from pipelines.engine.autotune import Autotuner
 from pipelines.engine.messages import EngineError
 from pipelines.engine.tensor_worker import LocalPool
+from schemas.tasks import Channel, TaskKind
 
 MAX_WORKERS = 100
 
@@ -49,8 +49,8 @@ class QueuedPool(LocalPool):
 
     # -------------------------------------------------------------------------------------------- threads
     def start(self) -> None:
-        wc = self.t.consumer([(M.WEIGHTS, 0)], group=f"tensor-pool-weights-{id(self)}")
-        tc = self.t.consumer([(M.TENSOR_TASKS, 0)], group="tensor-workers")
+        wc = self.transport.consumer([(Channel.WEIGHTS, 0)], group=f"tensor-pool-weights-{id(self)}")
+        tc = self.transport.consumer([(Channel.TENSOR_TASKS, 0)], group="tensor-workers")
         for name, target, args in [("tensor-weights", self._weights_loop, (wc,)),
                                    ("tensor-dispatch", self._dispatch_loop, (tc,))] + (
                 [("tensor-autotune", self._tune_loop, ())] if self.autotuner else []):
@@ -112,8 +112,8 @@ class QueuedPool(LocalPool):
             self._run(msg)
         except EngineError as e:
             self.error = e
-            self.t.send(M.TENSOR_RESULTS, msg.partition, msg.replace(
-                kind="ERROR", arrays={}, meta={**msg.meta, "error": str(e), "task": msg.kind}))
+            self.transport.send(Channel.TENSOR_RESULTS, msg.partition, msg.replace(
+                kind=TaskKind.ERROR, arrays={}, meta={**msg.meta, "error": str(e), "task": msg.kind}))
 
     def _tune_loop(self) -> None:
         tuner = self.autotuner
@@ -160,18 +160,7 @@ def autotune_start(cfg) -> int:
     return max(1, min(cfg.partitions * cfg.intervals, MAX_WORKERS))
 
 
-def make_tensor_workers(cfg, transport, model_spec: dict):
-    """The tensor-worker backend a config asks for (mode and tensor_workers)."""
-    faults = dict(fail_rate=cfg.fail_rate, delay_rate=cfg.delay_rate, delay_s=cfg.delay_s, seed=cfg.seed)
-    mode = getattr(cfg, "mode", "serverless")
-    tw = cfg.tensor_workers
-    if mode == "cpu-only":
-        return InlinePool(transport, model_spec, cfg.partitions, **faults)
-    if tw == "aws":
-        from pipelines.engine.aws_lambda import AwsLambdaPool
-
-        return AwsLambdaPool.from_config(cfg, transport, model_spec)
-    if tw == "auto":
-        start = autotune_start(cfg)
-        return QueuedPool(transport, model_spec, start, autotuner=Autotuner(start, 1, MAX_WORKERS), **faults)
-    return LocalPool(transport, model_spec, int(tw), **faults)
+def autotuned_pool(cfg, transport, model_spec: dict, **faults) -> QueuedPool:
+    """`--tensor-workers auto`: a queued pool starting at `autotune_start` workers, resized by an Autotuner."""
+    start = autotune_start(cfg)
+    return QueuedPool(transport, model_spec, start, autotuner=Autotuner(start, 1, MAX_WORKERS), **faults)

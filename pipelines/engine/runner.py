@@ -8,29 +8,26 @@ import time
 from pathlib import Path
 
 import jax
-import numpy as np
 
 from ops.optim import make_optimizer
+from ops.spec import ModelSpec
 from pipelines import rundir
 from pipelines.config import TrainConfig
 from pipelines.data.graph import Graph
-from pipelines.engine import messages as M
+from pipelines.engine import param_server
+from pipelines.engine.aws_lambda import AwsLambdaPool
+from pipelines.engine.cost import CostMeter, load_prices
+from pipelines.engine.driver import EpochDriver, RoleStats, add_cost, engine_summary
 from pipelines.engine.graph_server import GraphServer
-from pipelines.engine.messages import EngineError, Message
+from pipelines.engine.messages import EngineError
 from pipelines.engine.param_server import ParameterServer
 from pipelines.engine.partition import build_plan
-from pipelines.engine.pools import make_tensor_workers
-from pipelines.engine.tensor_worker import LocalPool
-from pipelines.train import EarlyStopping, Evaluator, TrainResult, build_model, model_inputs, progress
-
-
-def model_spec(cfg: TrainConfig, graph: Graph) -> dict:
-    """The JSON-able description a stateless tensor worker rebuilds the model from."""
-    if cfg.model == "gcn":
-        return {"name": "gcn", "in_dim": graph.feature_dim, "hidden": [cfg.hidden] * (cfg.layers - 1),
-                "num_classes": graph.num_classes, "dropout": cfg.dropout, "order": cfg.order}
-    return {"name": "gat", "in_dim": graph.feature_dim, "hidden": cfg.hidden, "num_classes": graph.num_classes,
-            "heads": cfg.heads, "out_heads": cfg.out_heads, "layers": cfg.layers, "dropout": cfg.dropout}
+from pipelines.engine.pools import InlinePool, autotuned_pool
+from pipelines.engine.spans import SpanLog
+from pipelines.engine.tensor_worker import LocalPool, TensorWorker
+from pipelines.epochs import TrainResult, model_inputs, write_result
+from pipelines.transports.memory import MemoryTransport
+from schemas.tasks import Channel, Lifecycle
 
 
 @dataclasses.dataclass
@@ -42,7 +39,7 @@ class Engine:
     plan: object
     transport: object
     ps: ParameterServer
-    pool: LocalPool
+    pool: TensorWorker
     servers: list
     threads: list
     versions: dict
@@ -54,7 +51,7 @@ class RunContext:
     and the optimizer are functions of the config and its seed, so separate processes build the same ones."""
 
     model: object
-    spec: dict
+    spec: ModelSpec
     x: object
     a: object
     plan: object
@@ -65,11 +62,9 @@ class RunContext:
 
 
 def run_context(cfg: TrainConfig, graph: Graph) -> RunContext:
-    from ops import models
-
-    model = build_model(cfg, graph)
-    spec = model_spec(cfg, graph)
-    assert models.from_spec(spec).stages == model.stages
+    """The deterministic pieces every role of a run builds from (cfg, graph)."""
+    spec = ModelSpec.for_graph(cfg, graph)
+    model = spec.build()
     x, a = model_inputs(cfg, graph)
     plan = build_plan(a, cfg.partitions, cfg.intervals, cfg.partitioner, cfg.seed)
     params = model.init(jax.random.PRNGKey(cfg.seed))
@@ -95,20 +90,36 @@ def build_graph_server(cfg: TrainConfig, graph: Graph, transport, partition: int
     ctx = ctx or run_context(cfg, graph)
     pp = ctx.plan.partitions[partition]
     return GraphServer(
-        transport, pp, ctx.model, ctx.spec, features=ctx.x, labels=graph.labels[pp.owned],
+        transport, pp, ctx.model, ctx.spec.to_json(), features=ctx.x, labels=graph.labels[pp.owned],
         train_mask=graph.train_mask[pp.owned], num_partitions=cfg.partitions, staleness=cfg.staleness,
         epochs=cfg.epochs if epochs is None else epochs, seed=cfg.seed, loss_scale=1.0 / max(ctx.n_train, 1),
         straggler_k=cfg.straggler_k, straggler_min_s=cfg.straggler_min_s, start_epoch=start_epoch)
 
 
+def make_tensor_workers(cfg: TrainConfig, transport, model_spec: dict) -> TensorWorker:
+    """The tensor-worker backend a config asks for: cfg.mode cpu-only (an inline pool per graph server), else
+    cfg.tensor_workers "aws" (AWS Lambda), "auto" (an autotuned local pool) or N (a local pool of N threads);
+    model_spec: the `ops.spec.ModelSpec` JSON the workers rebuild the model from."""
+    faults = dict(fail_rate=cfg.fail_rate, delay_rate=cfg.delay_rate, delay_s=cfg.delay_s, seed=cfg.seed)
+    mode = getattr(cfg, "mode", "serverless")
+    tw = cfg.tensor_workers
+    if mode == "cpu-only":
+        return InlinePool(transport, model_spec, cfg.partitions, **faults)
+    if tw == "aws":
+        return AwsLambdaPool.from_config(cfg, transport, model_spec)
+    if tw == "auto":
+        return autotuned_pool(cfg, transport, model_spec, **faults)
+    return LocalPool(transport, model_spec, int(tw), **faults)
+
+
 def build_tensor_workers(cfg: TrainConfig, graph: Graph, transport, *, ctx: RunContext | None = None):
-    return make_tensor_workers(cfg, transport, ctx.spec if ctx is not None else model_spec(cfg, graph))
+    """The tensor-worker pool cfg names (local, autotuned, inline or AWS Lambda), wired to `transport`."""
+    spec = ctx.spec if ctx is not None else ModelSpec.for_graph(cfg, graph)
+    return make_tensor_workers(cfg, transport, spec.to_json())
 
 
 def build_engine(cfg: TrainConfig, graph: Graph, transport=None, epochs: int | None = None,
                  init_params: dict | None = None, init_opt_state=None) -> Engine:
-    from pipelines.transports.memory import MemoryTransport
-
     transport = transport or MemoryTransport()
     ctx = run_context(cfg, graph)
     versions: dict = {}
@@ -116,8 +127,6 @@ def build_engine(cfg: TrainConfig, graph: Graph, transport=None, epochs: int | N
                             on_version=lambda v, w: versions.__setitem__(v, w))
     if init_params is not None or init_opt_state is not None:
         # A warm start (continuous training) continues from earlier weights and optimizer state.
-        from pipelines.engine import param_server
-
         state = param_server.init(ctx.params if init_params is None else init_params, ctx.tx)
         if init_opt_state is not None:
             state = dataclasses.replace(state, opt_state=init_opt_state)
@@ -131,7 +140,7 @@ def build_engine(cfg: TrainConfig, graph: Graph, transport=None, epochs: int | N
 def _start(engine: Engine) -> None:
     engine.pool.start()
     for name, target in [("param-server", engine.ps.run)] + [
-            (f"graph-server-{s.p}", s.run) for s in engine.servers]:
+            (f"graph-server-{s.partition}", s.run) for s in engine.servers]:
         th = threading.Thread(target=target, name=name, daemon=True)
         th.start()
         engine.threads.append(th)
@@ -157,165 +166,80 @@ def train_engine(cfg: TrainConfig, graph: Graph, out: Path | None = None, show_p
                  init_params: dict | None = None, init_opt_state=None) -> TrainResult:
     """Train with the separated, pipelined engine; same outputs as `pipelines.train.train` plus engine stats.
 
-    evaluate=False skips the driver's per-epoch accuracy pass (benchmarks time the pipeline alone).
+    cfg / graph: the run's settings and graph; out: the run directory (metrics.jsonl, timeline.jsonl,
+    weights.npz, summary.json; None writes nothing); show_progress: a tqdm bar; transport: the channels
+    (default: a fresh MemoryTransport); stall_timeout: seconds without any report before the run fails;
+    evaluate=False skips the driver's per-epoch accuracy pass (benchmarks time the pipeline alone);
     init_params / init_opt_state (optional) warm-start from earlier weights and optimizer state."""
-    from pipelines.engine.cost import CostMeter, load_prices
-
     prices = load_prices(cfg.prices)
     engine = build_engine(cfg, graph, transport, init_params=init_params, init_opt_state=init_opt_state)
     meter = CostMeter(cfg, prices, engine.pool)
-    model = build_model(cfg, graph)
-    x, a = model_inputs(cfg, graph)
-    from ops.sparse import Adjacency
-    import jax.numpy as jnp
-
-    adj = Adjacency.from_scipy(a).to_device()
-    xj = jnp.asarray(x)
-    labels = jnp.asarray(graph.labels)
-    masks = tuple(jnp.asarray(m) for m in (graph.train_mask, graph.val_mask, graph.test_mask))
-    evaluator = Evaluator(model)
-    metrics = engine.transport.consumer([(M.METRICS, 0)], group="driver")
+    metrics = engine.transport.consumer([(Channel.METRICS, 0)], group="driver")
     log = rundir.MetricsLog(out / "metrics.jsonl") if out is not None else None
-    stopper = EarlyStopping(cfg.patience)
-    history: list[dict] = []
-    epoch_parts: dict[int, list] = {}
-    done_parts: dict[int, Message] = {}
-    best_params = None
-    last_part_stats: dict[int, dict] = {}
-    spread = 0
+    driver = EpochDriver(cfg, graph, engine.transport, log=log, evaluate=evaluate, show_progress=show_progress,
+                         desc=f"{graph.name} {cfg.model} P={cfg.partitions}x{cfg.intervals}")
+    driver.row_extras = lambda row: {"interval_epoch_spread": driver.current_spread(),
+                                     **meter.epoch(row["epoch_s"])}
     t_start = time.perf_counter()
-    t_epoch = t_start
-    next_epoch = 0
-    stop_at = cfg.epochs - 1
-    bar = progress(cfg.epochs, show_progress, f"{graph.name} {cfg.model} P={cfg.partitions}x{cfg.intervals}")
-    from pipelines.engine.spans import SpanLog
-
     spans = SpanLog()  # the timeline `dorylus report` draws: one clock origin for every role
     engine.ps.spans = spans
     for s in engine.servers:
         s.spans = spans
     _start(engine)
-    last_progress = time.monotonic()
     try:
-        while len(done_parts) < cfg.partitions or next_epoch <= stop_at:
-            _raise_role_errors(engine)
-            if time.monotonic() - last_progress > stall_timeout:
-                raise EngineError(f"no progress for {stall_timeout:.0f}s (epoch {next_epoch})")
-            for msg in metrics.poll(0.05):
-                last_progress = time.monotonic()
-                if msg.kind == "FAILED":
-                    _raise_role_errors(engine)
-                    raise EngineError(f"graph server {msg.partition} failed: {msg.meta['error']}")
-                if msg.kind == "DONE":
-                    done_parts[msg.partition] = msg
-                    last_part_stats[msg.partition] = msg.meta
-                    continue
-                epoch_parts.setdefault(msg.epoch, []).append(msg)
-                last_part_stats[msg.partition] = msg.meta
-                eps = [e for m in last_part_stats.values() for e in m.get("interval_epochs", [])]
-                if eps:
-                    spread = max(spread, max(eps) - min(eps))
-            # An epoch's row is complete once every partition reported it and its weight update is published.
-            while (next_epoch <= stop_at and len(epoch_parts.get(next_epoch, [])) == cfg.partitions
-                   and (next_epoch + 1) in engine.versions):
-                parts = epoch_parts.pop(next_epoch)
-                loss = sum(m.meta["loss_sum"] for m in parts) / max(sum(m.meta["count"] for m in parts), 1.0)
-                params = engine.versions[next_epoch + 1]
-                now = time.perf_counter()
-                accs = evaluator(params, adj, xj, labels, masks) if evaluate else {
-                    "train_acc": None, "val_acc": 0.0, "val_loss": 0.0, "test_acc": None}
-                row = {"epoch": next_epoch, "loss": loss, **accs,
-                       "epoch_s": now - t_epoch,
-                       "max_staleness_observed": max(m.meta["max_staleness"] for m in parts),
-                       "relaunches": sum(m.meta["relaunches"] for m in parts)}
-                eps = [e for m in last_part_stats.values() for e in m.get("interval_epochs", [])]
-                row["interval_epoch_spread"] = max(eps) - min(eps) if eps else 0
-                t_epoch = now
-                row.update(meter.epoch(row["epoch_s"]))
-                history.append(row)
-                if log:
-                    log.write(row)
-                if stopper.update(next_epoch, row):
-                    best_params = params
-                bar.update(1)
-                eps = [e for m in last_part_stats.values() for e in m.get("interval_epochs", [])]
-                bar.set_postfix(loss=f"{loss:.4f}", val=f"{row['val_acc']:.3f}",
-                                slowest=min(eps) if eps else 0, fastest=max(eps) if eps else 0)
-                if stopper.should_stop and stop_at > next_epoch:
-                    stop_at = next_epoch
-                    for p in range(cfg.partitions):
-                        engine.transport.send(M.CONTROL, p, Message("STOP_AFTER", next_epoch, -1, -1, p, -1))
-                next_epoch += 1
-                # Versions the driver no longer needs (it evaluates each once) are dropped.
-                for v in [v for v in engine.versions if v <= next_epoch - 1]:
-                    if engine.versions[v] is not best_params:
-                        del engine.versions[v]
-        _raise_role_errors(engine)
+        _drive(engine, driver, metrics, stall_timeout)
     finally:
-        bar.close()
+        driver.close()
         if log:
             log.close()
         _shutdown(engine)
         metrics.close()
     seconds = time.perf_counter() - t_start
-    final = engine.ps.state.params
-    best = history[stopper.best_epoch]
-    busy = {}
-    for m in last_part_stats.values():
-        for k, v in m.get("busy_s", {}).items():
-            busy[f"graph_server.{k}"] = busy.get(f"graph_server.{k}", 0.0) + v
-    pool_stats = engine.pool.stats()
-    busy["graph_server.tensor" if pool_stats.get("billing") == "server" else "tensor_workers"] = pool_stats["busy_s"]
-    busy["param_server.WU"] = engine.ps.busy_s
-    gs_busy = sum(v for k, v in busy.items() if k.startswith("graph_server."))
-    epoch_times = [r["epoch_s"] for r in history[1:]] or [history[0]["epoch_s"]]
-    summary = {
-        "status": "complete",
-        "dataset": graph.summary(),
-        "model": cfg.model,
-        "engine": "pipelined",
-        "epochs": len(history),
-        "best_epoch": stopper.best_epoch,
-        "best_val_acc": best["val_acc"],
-        "test_acc": best["test_acc"],
-        "train_acc": best["train_acc"],
-        "final_loss": history[-1]["loss"],
-        "seconds": seconds,
-        "epoch_s_median": float(np.median(epoch_times)),
-        "seed": cfg.seed,
-        "partitions": cfg.partitions,
-        "intervals": cfg.intervals,
-        "staleness": "none" if cfg.staleness is None else cfg.staleness,
-        "wu": cfg.wu,
-        "tensor_workers": cfg.tensor_workers,
-        "max_staleness_observed": max(int(m.get("max_staleness", 0)) for m in last_part_stats.values()),
-        "max_interval_epoch_spread": spread,
-        "relaunches": sum(int(m.get("relaunches", 0)) for m in last_part_stats.values()),
-        "duplicates_discarded": sum(int(m.get("duplicates", 0)) for m in last_part_stats.values()),
-        "busy_s": busy,
-        "utilization": {
-            "graph_servers": gs_busy / (seconds * cfg.partitions),
-            "tensor_workers": pool_stats["busy_s"] / (seconds * max(pool_stats.get("workers", 1), 1)),
-            "param_server": engine.ps.busy_s / seconds,
-        },
-        "tensor_tasks": pool_stats["tasks"],
-        "injected_failures": pool_stats["injected_failures"],
-        "injected_delays": pool_stats["injected_delays"],
-        "partition_stats": engine.plan.stats,
-        "transport": engine.transport.stats(),
-    }
-    summary["tensor_pool"] = {k: v for k, v in pool_stats.items() if k != "autotune"}
-    if "autotune" in pool_stats:
-        summary["autotune"] = pool_stats["autotune"]
-    summary["cost"] = meter.summary(seconds, len(history), summary["transport"], busy)
-    summary.update(time_s=seconds, cost_usd=summary["cost"]["cost_usd"],
-                   cost_per_epoch_usd=summary["cost"]["cost_per_epoch_usd"], value=summary["cost"]["value"])
+    summary = _summary(engine, driver, meter, seconds)
     summary["timeline"] = spans.stats()
     if out is not None:
-        from pipelines.train import _tree_to_npz
-
         summary["timeline"]["file"] = "timeline.jsonl"
         spans.write(out / "timeline.jsonl")
-        rundir.atomic_write_npz(out / "weights.npz", _tree_to_npz(best_params))
-        rundir.atomic_write_json(out / "summary.json", summary)
-    return TrainResult(final, best_params, history, summary, engine.ps.state.opt_state)
+    write_result(out, driver.best_params, summary)
+    return TrainResult(engine.ps.state.params, driver.best_params, driver.history, summary,
+                       engine.ps.state.opt_state)
+
+
+def _drive(engine: Engine, driver: EpochDriver, metrics, stall_timeout: float) -> None:
+    """The driver's loop: read the graph servers' reports until every epoch is complete and every one is DONE."""
+    last_progress = time.monotonic()
+    while not driver.finished:
+        _raise_role_errors(engine)
+        if time.monotonic() - last_progress > stall_timeout:
+            raise EngineError(f"no progress for {stall_timeout:.0f}s (epoch {driver.next_epoch})")
+        for msg in metrics.poll(0.05):
+            last_progress = time.monotonic()
+            if msg.kind == Lifecycle.FAILED:
+                _raise_role_errors(engine)
+                raise EngineError(f"graph server {msg.partition} failed: {msg.meta['error']}")
+            if not driver.observe(msg):
+                raise EngineError(f"driver got an unexpected {msg.kind} metrics message")
+        driver.complete(engine.versions)
+    _raise_role_errors(engine)
+
+
+def role_stats(engine: Engine, driver: EpochDriver) -> RoleStats:
+    """The in-process roles' statistics, read from their objects."""
+    pool = engine.pool.stats()
+    return RoleStats(graph_servers=driver.reports, interval_epoch_spread=driver.spread, pool=pool,
+                     workers=pool.get("workers", 1),
+                     tensor_lane="graph_server.tensor" if pool.get("billing") == "server" else "tensor_workers",
+                     param_server_busy_s=engine.ps.busy_s, transport=engine.transport.stats())
+
+
+def _summary(engine: Engine, driver: EpochDriver, meter, seconds: float) -> dict:
+    cfg = engine.cfg
+    stats = role_stats(engine, driver)
+    summary = engine_summary(cfg, engine.graph, driver, stats, meter, seconds)
+    summary["partition_stats"] = engine.plan.stats
+    summary["transport"] = stats.transport
+    summary["tensor_pool"] = {k: v for k, v in stats.pool.items() if k != "autotune"}
+    if "autotune" in stats.pool:
+        summary["autotune"] = stats.pool["autotune"]
+    add_cost(summary, meter, seconds, len(driver.history), stats.transport, summary["busy_s"])
+    return summary

@@ -10,9 +10,9 @@ import numpy as np
 
 from ops import models
 from ops.tasks import run_tensor_task
-from pipelines.engine import messages as M
-from pipelines.engine.messages import EngineError, Message
+from pipelines.engine.messages import EngineError
 from pipelines.engine.param_server import flatten, unflatten
+from schemas.tasks import Channel, Message, TaskKind
 
 
 class WeightCache:
@@ -79,7 +79,7 @@ class LocalPool(TensorWorker):
 
     def __init__(self, transport, model_spec: dict, size: int, *, fail_rate: float = 0.0, delay_rate: float = 0.0,
                  delay_s: float = 0.0, seed: int = 0, weight_timeout: float = 120.0):
-        self.t = transport
+        self.transport = transport
         self.model = models.from_spec(model_spec)
         self.size = size
         self.fail_rate, self.delay_rate, self.delay_s = fail_rate, delay_rate, delay_s
@@ -98,11 +98,11 @@ class LocalPool(TensorWorker):
         self._lock = threading.Lock()
 
     def start(self) -> None:
-        wc = self.t.consumer([(M.WEIGHTS, 0)], group=f"tensor-pool-weights-{id(self)}")
+        wc = self.transport.consumer([(Channel.WEIGHTS, 0)], group=f"tensor-pool-weights-{id(self)}")
         self._threads.append(threading.Thread(target=self._weights_loop, args=(wc,), daemon=True,
                                               name="tensor-weights"))
         for k in range(self.size):
-            c = self.t.consumer([(M.TENSOR_TASKS, 0)], group="tensor-workers")
+            c = self.transport.consumer([(Channel.TENSOR_TASKS, 0)], group="tensor-workers")
             self._threads.append(threading.Thread(target=self._loop, args=(c,), daemon=True, name=f"tensor-{k}"))
         for th in self._threads:
             th.start()
@@ -127,7 +127,7 @@ class LocalPool(TensorWorker):
                 except EngineError as e:
                     # A relaunched duplicate may ask for a version the stash already dropped; the graph server
                     # ignores errors for tasks it no longer waits on and fails the run for those it does.
-                    self.t.send(M.TENSOR_RESULTS, msg.partition, msg.replace(kind="ERROR", arrays={},
+                    self.transport.send(Channel.TENSOR_RESULTS, msg.partition, msg.replace(kind=TaskKind.ERROR, arrays={},
                                                                               meta={**msg.meta, "error": str(e),
                                                                                     "task": msg.kind}))
             consumer.commit()  # the task is handled: a restarted worker need not run it again
@@ -137,8 +137,8 @@ class LocalPool(TensorWorker):
         if fail:
             with self._lock:
                 self.failed += 1
-            self.t.send(M.TENSOR_RESULTS, msg.partition, msg.replace(
-                kind="ERROR", arrays={}, meta={**msg.meta, "error": "injected failure", "task": msg.kind,
+            self.transport.send(Channel.TENSOR_RESULTS, msg.partition, msg.replace(
+                kind=TaskKind.ERROR, arrays={}, meta={**msg.meta, "error": "injected failure", "task": msg.kind,
                                                "retryable": True}))
             return
         params = self.weights.get(msg.version, self.weight_timeout)
@@ -154,12 +154,12 @@ class LocalPool(TensorWorker):
             self.billed_ms += max(1, math.ceil(dt * 1000))
             self.tasks += 1
         if grads is not None:
-            gmsg = Message("GRAD", msg.epoch, msg.stage, msg.interval, msg.partition, msg.version, arrays=grads)
+            gmsg = Message(TaskKind.GRAD, msg.epoch, msg.stage, msg.interval, msg.partition, msg.version, arrays=grads)
             for name in {k.split("/", 1)[0] for k in grads}:
                 sub = {k: v for k, v in grads.items() if k.startswith(name + "/")}
-                self.t.send(M.GRADS, 0, gmsg.replace(arrays=sub, meta={"stage_name": name}))
+                self.transport.send(Channel.GRADS, 0, gmsg.replace(arrays=sub, meta={"stage_name": name}))
         reply.meta["busy_s"] = dt
-        self.t.send(M.TENSOR_RESULTS, msg.partition, reply)
+        self.transport.send(Channel.TENSOR_RESULTS, msg.partition, reply)
 
     def stop(self) -> None:
         self._stop.set()
