@@ -487,8 +487,3 @@ def register(subparsers) -> None:
 
 __all__ = ["Rendering", "render", "role_templates", "shell_join", "shell_word", "expand", "estimate", "to_tfvars",
            "to_sh", "check_deployable", "INSTANCE_CONFIG", "ENTRY", "PLACEHOLDERS", "ROLE_VARIABLES"]
-
-if __name__ == "__main__":  # pragma: no cover
-    from pipelines.cli import main
-
-    sys.exit(main(["deploy", *sys.argv[1:]]))

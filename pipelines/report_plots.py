@@ -21,6 +21,7 @@ import json
 from pathlib import Path
 
 from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
 from pipelines.engine.spans import read as read_spans
@@ -168,23 +169,17 @@ def whole_graph_spans(metrics: list[dict]) -> list[dict]:
     return out
 
 
-def plot_timeline(run, spans: list[dict], path: Path, max_epochs: int = 3, max_rows_per_lane: int = 16) -> dict:
-    """Draw the pipeline timeline; returns what it drew (window, lanes, span count)."""
-    lo, hi = timeline_window(spans, max_epochs)
-    shown = [s for s in spans if lo <= s["epoch"] <= hi]
-    lanes: dict[str, list[dict]] = {}
-    for s in shown:
-        lanes.setdefault(s["lane"], []).append(s)
+def _lane_key(name):
+    if name.startswith("graph-server-"):
+        return (0, int(name.rsplit("-", 1)[1]))
+    return ({"tensor-workers": 1, "param-server": 2}.get(name, 3), name)
 
-    def lane_key(name):
-        if name.startswith("graph-server-"):
-            return (0, int(name.rsplit("-", 1)[1]))
-        return ({"tensor-workers": 1, "param-server": 2}.get(name, 3), name)
 
-    # rows: (lane, row label) from the top; each span gets a row index
+def _timeline_rows(lanes: dict[str, list[dict]], max_rows_per_lane: int):
+    """(rows, placed): the (lane, row label) rows from the top, and each span with its row index."""
     rows: list[tuple[str, str]] = []
     placed: list[tuple[int, dict]] = []
-    for lane in sorted(lanes, key=lane_key):
+    for lane in sorted(lanes, key=_lane_key):
         ss = sorted(lanes[lane], key=lambda s: s["t0"])
         base = len(rows)
         if lane.startswith("graph-server-"):
@@ -205,22 +200,12 @@ def plot_timeline(run, spans: list[dict], path: Path, max_epochs: int = 3, max_r
         else:
             rows.append((lane, ""))
             placed += [(base, s) for s in ss]
+    return rows, placed
 
-    n_rows = max(len(rows), 1)
-    fig = Figure(figsize=(12, max(3.0, 1.2 + 0.22 * n_rows)))
-    ax = fig.subplots()
-    if not placed:
-        _no_data(ax, "no timeline recorded (timeline.jsonl missing or empty)")
-        ax.set_title(f"{run.name}: pipeline timeline")
-        fig.tight_layout()
-        _save(fig, path)
-        return {"window": [lo, hi], "lanes": [], "spans": 0}
 
-    # The axis starts at the first shown task: a wait that began earlier (on the previous epochs) is cut there.
-    t_origin = min((s["t0"] for _, s in placed if s["kind"] != "WAIT"), default=min(s["t0"] for _, s in placed))
-    t_end = max(s["t1"] for _, s in placed)
-    y = lambda r: n_rows - 1 - r  # first row on top
-    # Group the bars per (row, colour) so each group is one broken_barh call.
+def _draw_bars(ax, placed, t_origin: float, y) -> tuple[set, set]:
+    """The spans as bars, grouped per (row, colour) so each group is one broken_barh call; returns the task
+    kinds and wait gates drawn."""
     groups: dict[tuple, list] = {}
     for r, s in placed:
         t0, t1 = s["t0"] - t_origin, s["t1"] - t_origin
@@ -251,11 +236,11 @@ def plot_timeline(run, spans: list[dict], path: Path, max_epochs: int = 3, max_r
             ec, lw = edge.get(k, ("none", 0.0))
             ax.broken_barh(bars, (y(r) - 0.4, 0.8), facecolors=KIND_COLORS.get(k, "#7f7f7f"), edgecolor=ec,
                            linewidth=lw)
-    # Epoch ends: the parameter server's WU of each shown epoch.
-    for s in shown:
-        if s["kind"] == "WU":
-            ax.axvline(s["t1"] - t_origin, color="#8c564b", ls=":", lw=0.8)
-    # Lane labels: one tick per row (small), lane names on the left, separators between lanes.
+    return kinds_seen, gates_seen
+
+
+def _label_lanes(ax, rows, y) -> None:
+    """One tick per row (small), lane names on the left, separators between lanes."""
     ax.set_yticks([y(r) for r in range(len(rows))])
     ax.set_yticklabels([lab for _, lab in rows], fontsize=6)
     prev = None
@@ -268,6 +253,48 @@ def plot_timeline(run, spans: list[dict], path: Path, max_epochs: int = 3, max_r
             ax.text(-0.065, mid, lane, transform=ax.get_yaxis_transform(), ha="right", va="center", fontsize=8,
                     fontweight="bold")
             prev = lane
+
+
+def _timeline_legend(ax, kinds_seen, gates_seen, placed, shown) -> None:
+    handles = [Patch(facecolor=KIND_COLORS.get(k, "#7f7f7f"), label=k) for k in KIND_COLORS if k in kinds_seen]
+    handles += [Patch(facecolor=GATE_COLORS[g], label=GATE_LABELS.get(g, "wait"))
+                for g in GATE_LABELS if g in gates_seen]
+    if any(s["lane"] == "tensor-workers" for _, s in placed):
+        handles.append(Patch(facecolor="#ff7f0e", alpha=0.3, label="tensor task queued / in transit"))
+    if any(s["kind"] == "WU" for s in shown):
+        handles.append(Line2D([], [], color="#8c564b", ls=":", label="epoch published (WU)"))
+    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.005, 1.0), fontsize=7, frameon=False)
+
+
+def plot_timeline(run, spans: list[dict], path: Path, max_epochs: int = 3, max_rows_per_lane: int = 16) -> dict:
+    """Draw the pipeline timeline of `spans` (timeline.jsonl rows) into `path`: the last `max_epochs` epochs,
+    at most `max_rows_per_lane` rows a lane; returns what it drew (window, lanes, span count)."""
+    lo, hi = timeline_window(spans, max_epochs)
+    shown = [s for s in spans if lo <= s["epoch"] <= hi]
+    lanes: dict[str, list[dict]] = {}
+    for s in shown:
+        lanes.setdefault(s["lane"], []).append(s)
+    rows, placed = _timeline_rows(lanes, max_rows_per_lane)
+    n_rows = max(len(rows), 1)
+    fig = Figure(figsize=(12, max(3.0, 1.2 + 0.22 * n_rows)))
+    ax = fig.subplots()
+    if not placed:
+        _no_data(ax, "no timeline recorded (timeline.jsonl missing or empty)")
+        ax.set_title(f"{run.name}: pipeline timeline")
+        fig.tight_layout()
+        _save(fig, path)
+        return {"window": [lo, hi], "lanes": [], "spans": 0}
+
+    # The axis starts at the first shown task: a wait that began earlier (on the previous epochs) is cut there.
+    t_origin = min((s["t0"] for _, s in placed if s["kind"] != "WAIT"), default=min(s["t0"] for _, s in placed))
+    t_end = max(s["t1"] for _, s in placed)
+    y = lambda r: n_rows - 1 - r  # first row on top
+    kinds_seen, gates_seen = _draw_bars(ax, placed, t_origin, y)
+    # Epoch ends: the parameter server's WU of each shown epoch.
+    for s in shown:
+        if s["kind"] == "WU":
+            ax.axvline(s["t1"] - t_origin, color="#8c564b", ls=":", lw=0.8)
+    _label_lanes(ax, rows, y)
     ax.set_ylim(-0.6, n_rows - 0.4)
     ax.set_xlim(-0.01 * (t_end - t_origin), 1.01 * (t_end - t_origin))
     ax.set_xlabel(f"seconds (from the first shown span, {t_origin:.2f} s into the run)")
@@ -275,20 +302,11 @@ def plot_timeline(run, spans: list[dict], path: Path, max_epochs: int = 3, max_r
     skipped = f" (epochs < {lo} not shown)" if lo > 0 else ""
     ax.set_title(f"{run.name}: pipeline timeline, {ep}{skipped}", fontsize=10)
     ax.grid(alpha=0.25, axis="x")
-    handles = [Patch(facecolor=KIND_COLORS.get(k, "#7f7f7f"), label=k) for k in KIND_COLORS if k in kinds_seen]
-    handles += [Patch(facecolor=GATE_COLORS[g], label=GATE_LABELS.get(g, "wait"))
-                for g in GATE_LABELS if g in gates_seen]
-    if any(s["lane"] == "tensor-workers" for _, s in placed):
-        handles.append(Patch(facecolor="#ff7f0e", alpha=0.3, label="tensor task queued / in transit"))
-    if any(s["kind"] == "WU" for s in shown):
-        from matplotlib.lines import Line2D
-
-        handles.append(Line2D([], [], color="#8c564b", ls=":", label="epoch published (WU)"))
-    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.005, 1.0), fontsize=7, frameon=False)
+    _timeline_legend(ax, kinds_seen, gates_seen, placed, shown)
     fig.subplots_adjust(left=0.17, right=0.83, top=1 - 0.45 / fig.get_figheight(),
                         bottom=0.55 / fig.get_figheight())
     _save(fig, path)
-    return {"window": [lo, hi], "lanes": sorted(lanes, key=lane_key), "spans": len(shown)}
+    return {"window": [lo, hi], "lanes": sorted(lanes, key=_lane_key), "spans": len(shown)}
 
 
 # ------------------------------------------------------------------------------------------------------ staleness

@@ -37,6 +37,7 @@ from pathlib import Path
 import jax
 import numpy as np
 
+from ops import params as P
 from pipelines import rundir
 from pipelines.engine.messages import EngineError
 from schemas.tasks import Channel, Lifecycle, Message
@@ -66,22 +67,15 @@ def ps_checkpoints(out: Path | str) -> dict[int, Path]:
 
 def save_ps_checkpoint(out: Path | str, state, offsets: dict | None = None) -> Path:
     """Weights, optimizer state and version of a `PSState` (plus async WU's running gradients), atomically."""
-    arrays = {}
-    for stage, p in state.params.items():
-        for name, v in p.items():
-            arrays[f"params/{stage}/{name}"] = np.asarray(v)
+    arrays = P.flatten(state.params, prefix="params/")
     for i, leaf in enumerate(jax.tree_util.tree_leaves(state.opt_state)):
         arrays[f"opt/{i}"] = np.asarray(leaf)
     if state.total is not None:
-        for stage, p in state.total.items():
-            for name, v in p.items():
-                arrays[f"total/{stage}/{name}"] = np.asarray(v)
+        arrays.update(P.flatten(state.total, prefix="total/"))
     latest_keys = []
     for k, (key, g) in enumerate(sorted(state.latest.items())):
         latest_keys.append(list(key))
-        for stage, p in g.items():
-            for name, v in p.items():
-                arrays[f"latest/{k}/{stage}/{name}"] = np.asarray(v)
+        arrays.update(P.flatten(g, prefix=f"latest/{k}/"))
     meta = {"version": int(state.version), "epoch_done": int(state.version) - 1, "latest_keys": latest_keys,
             "offsets": offsets or {}, "time": time.time()}
     arrays["meta"] = np.array(json.dumps(meta))

@@ -55,6 +55,8 @@ import apache_beam as beam
 from apache_beam import pvalue
 from apache_beam.options.pipeline_options import PipelineOptions
 
+from ops import params as P
+from ops.spec import ModelSpec
 from pipelines.beam.prepare import STATS_FILE, Stat, StatsFn, _write_stats, _write_table, engine_flags, shard_name
 from pipelines.data.graph import DataError
 from schemas import files as file_schemas
@@ -161,7 +163,9 @@ class EdgeBlock(NamedTuple):
     weight: np.ndarray        # float32 Â[dst, src] (GCN) or 1 (GAT: A + I)
 
 
-class Message(NamedTuple):
+class GhostRows(NamedTuple):
+    """SC in the Beam pipeline: rows of one block that another block reads."""
+
     ids: np.ndarray           # source vertex ids
     tensors: dict             # name -> rows of those vertices
 
@@ -244,7 +248,7 @@ def _routes(kv, block_size: int):
 
 
 def _scatter(kv, names: tuple):
-    """SC: a block's rows that other blocks read -> (dst block, Message)."""
+    """SC: a block's rows that other blocks read -> (dst block, GhostRows)."""
     _, g = kv
     states = list(g["state"])
     if not states:
@@ -254,7 +258,7 @@ def _scatter(kv, names: tuple):
         rows = np.searchsorted(st.ids, ids)
         if (rows >= st.ids.size).any() or not np.array_equal(st.ids[np.minimum(rows, st.ids.size - 1)], ids):
             raise DataError(f"edges read vertices {ids[:5]}... that no vertex shard holds")
-        yield dst_block, Message(ids, {n: st.tensors[n][rows] for n in names})
+        yield dst_block, GhostRows(ids, {n: st.tensors[n][rows] for n in names})
 
 
 class _Apply(beam.DoFn):
@@ -437,27 +441,20 @@ def load_run(run_dir: str | os.PathLike):
             raise DataError(f"--run {run}: no {name} (not a finished `dorylus train` run directory)")
     cfg = build_config(load_toml(run / "config.toml"), {})
     with np.load(run / "weights.npz") as z:
-        params: dict = {}
-        for key in z.files:
-            stage, name = key.split("/", 1)
-            params.setdefault(stage, {})[name] = np.asarray(z[key])
+        params = P.from_npz(z)
     return cfg, params
 
 
 def build_checked_model(cfg, params: dict, feature_dim: int):
     """The model of cfg for ``feature_dim`` inputs, its class count read from the weights; DataError on a mismatch."""
-    import types
-
     import jax
-
-    from pipelines.train import build_model
 
     last = params.get(f"av{cfg.layers - 1}", {}).get("w")
     if last is None:
         raise DataError(f"the weights have no stage av{cfg.layers - 1} (stages: {sorted(params)}); "
                         f"they do not belong to a {cfg.layers}-layer {cfg.model}")
-    num_classes = int(last.shape[1]) // (cfg.out_heads if cfg.model == "gat" else 1)
-    model = build_model(cfg, types.SimpleNamespace(feature_dim=feature_dim, num_classes=num_classes))
+    num_classes = int(last.shape[1]) // ModelSpec.output_width_per_class(cfg)
+    model = ModelSpec.from_config(cfg, feature_dim, num_classes).build()
     want = jax.eval_shape(model.init, jax.random.PRNGKey(0))
     problems = []
     for stage in sorted(set(want) | set(params)):

@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
+from ops import params as P
 from pipelines import rundir
 from schemas.events import EVENT_SCHEMA
 
@@ -42,9 +43,7 @@ def save(out: Path, *, meta: dict, params: dict | None, opt_leaves: list | None,
     arrays: dict[str, np.ndarray] = {"meta": np.frombuffer(json.dumps(meta, default=rundir._json_default)
                                                           .encode(), np.uint8)}
     if params is not None:
-        for stage, p in params.items():
-            for name, v in p.items():
-                arrays[f"params/{stage}/{name}"] = np.asarray(v)
+        arrays.update(P.flatten(params, prefix="params/"))
     if opt_leaves is not None:
         for i, leaf in enumerate(opt_leaves):
             arrays[f"opt/{i:05d}"] = np.asarray(leaf)

@@ -47,6 +47,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from ops import params as P
+from ops.spec import CONFIG_FIELDS as MODEL_CONFIG_FIELDS
 from pipelines import rundir
 from pipelines.config import ConfigError, TrainConfig
 from pipelines.continuous import checkpoint as ckpt
@@ -57,7 +59,6 @@ from schemas.events import (EVENT_SCHEMA, OP_RANK, SchemaError, dead_letter_batc
                             validate_rows)
 
 OUTCOMES = ("applied", "noop", "rejected")
-_MODEL_FIELDS = ("model", "hidden", "layers", "heads", "out_heads", "order")
 
 
 @dataclasses.dataclass
@@ -543,7 +544,7 @@ class Stream:
         info = {"name": self.opts.name, "version": self.version, "round": k, "path": rel,
                 "uri": str((self.out / rel).resolve()), "cut_ms": cut, "created_ms": version_ms,
                 "nodes": graph.num_nodes, "edges": graph.num_edges // 2, "model": self.cfg.model}
-        arrays = {f"{s}/{n}": np.asarray(v) for s, p in params.items() for n, v in p.items()}
+        arrays = P.flatten(params)
         arrays["__meta__"] = np.frombuffer(json.dumps(info).encode(), np.uint8)
         rundir.atomic_write_npz(self.out / rel, arrays)
         rundir.atomic_write_json(self.out / "models" / "latest.json", info)
@@ -623,7 +624,7 @@ class Stream:
             raise ConfigError(f"{self.out} holds a checkpoint of topic {meta.get('events_topic')!r}, not "
                               f"{self.opts.events_topic!r} (use --fresh to start over)")
         old = meta.get("config", {})
-        for f in _MODEL_FIELDS:
+        for f in MODEL_CONFIG_FIELDS:
             if f in old and old[f] != getattr(self.cfg, f):
                 raise ConfigError(f"{self.out} holds a checkpoint with {f}={old[f]!r}, not {getattr(self.cfg, f)!r} "
                                   f"(use --fresh to start over)")

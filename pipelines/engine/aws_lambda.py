@@ -39,7 +39,7 @@ from ops import lambda_handler as LH
 from pipelines.config import ConfigError
 from pipelines.engine.autotune import Autotuner
 from pipelines.engine.messages import EngineError
-from pipelines.engine.param_server import flatten
+from ops.params import flatten
 from pipelines.engine.pools import MAX_WORKERS, QueuedPool, autotune_start
 from schemas.tasks import Channel, Message, TaskKind
 

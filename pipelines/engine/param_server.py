@@ -15,6 +15,7 @@ import jax
 import numpy as np
 import optax
 
+from ops.params import flatten, unflatten
 from pipelines.engine.messages import EngineError
 from schemas.tasks import Channel, Lifecycle, Message, TaskKind
 
@@ -28,18 +29,6 @@ class PSState:
     pending: dict                      # epoch -> {(partition, interval): {stage name: grads}}
     latest: dict = dataclasses.field(default_factory=dict)   # async: each interval's last gradient
     total: dict | None = None                                # async: their running sum
-
-
-def flatten(params: dict) -> dict[str, np.ndarray]:
-    return {f"{k}/{n}": np.asarray(v) for k, p in params.items() for n, v in p.items()}
-
-
-def unflatten(flat: dict[str, np.ndarray]) -> dict:
-    out: dict = {}
-    for key, v in flat.items():
-        stage, name = key.split("/", 1)
-        out.setdefault(stage, {})[name] = v
-    return out
 
 
 def init(params: dict, tx: optax.GradientTransformation) -> PSState:

@@ -11,7 +11,7 @@ import numpy as np
 from ops import models
 from ops.tasks import run_tensor_task
 from pipelines.engine.messages import EngineError
-from pipelines.engine.param_server import flatten, unflatten
+from ops.params import flatten, unflatten
 from schemas.tasks import Channel, Message, TaskKind
 
 
