@@ -149,7 +149,8 @@ def gat(in_dim: int, hidden: int, num_classes: int, *, heads: int = 8, out_heads
                             rate=dropout))
         stages.append(Stage(kind=StageKind.AE, layer=layer, index=len(stages), name=f"ae{layer}", heads=h, rate=dropout,
                             negative_slope=negative_slope))
-        stages.append(Stage(kind=StageKind.GA, layer=layer, index=len(stages), name=f"ga{layer}", heads=h, weighted=True,
+        stages.append(Stage(kind=StageKind.GA, layer=layer, index=len(stages), name=f"ga{layer}", heads=h,
+                            weighted=True,
                             concat_heads=not is_last))
         d_in = d_out * h
     stages.append(Stage(kind=StageKind.LOSS, layer=layers - 1, index=len(stages), name="loss", in_dim=num_classes,

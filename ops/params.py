@@ -16,11 +16,6 @@ class ParamNameError(ValueError):
     """A flat parameter name is not ``stage/param``."""
 
 
-def key(stage: str, name: str) -> str:
-    """The flat name of parameter `name` of stage `stage`."""
-    return f"{stage}{SEP}{name}"
-
-
 def flatten(params: Mapping[str, Mapping], prefix: str = "") -> dict[str, np.ndarray]:
     """{stage: {param: array}} -> {"<prefix>stage/param": numpy array}."""
     return {f"{prefix}{stage}{SEP}{n}": np.asarray(v) for stage, p in params.items() for n, v in p.items()}
@@ -47,6 +42,11 @@ def stages_of(flat: Mapping[str, object]) -> list[str]:
 def stage_slice(flat: Mapping[str, object], stage: str) -> dict:
     """The flat entries of one stage, names kept."""
     return {k: v for k, v in flat.items() if k.startswith(stage + SEP)}
+
+
+def read_like(flat: Mapping[str, object], template: Mapping[str, Mapping], prefix: str = "") -> dict:
+    """The tree of `template`'s stages and names read from a flat mapping (``<prefix>stage/param``)."""
+    return {s: {n: np.asarray(flat[f"{prefix}{s}{SEP}{n}"]) for n in p} for s, p in template.items()}
 
 
 def from_npz(z) -> dict:

@@ -258,8 +258,8 @@ class KafkaRun:
         self.versions: dict[int, dict] = {}
         self.finals: dict[str, dict] = {}
         self.final_version = start
-        self.driver = EpochDriver(cfg, graph, self.transport, log=self.log, start=start, history=history, stopper=stopper,
-                                  evaluate=evaluate, show_progress=show_progress,
+        self.driver = EpochDriver(cfg, graph, self.transport, log=self.log, start=start, history=history,
+                                  stopper=stopper, evaluate=evaluate, show_progress=show_progress,
                                   desc=f"{graph.name} {cfg.model} P={cfg.partitions}x{cfg.intervals} kafka",
                                   row_extras=self._dead_letters, on_best=self._save_best)
         self.driver.best_params = _restored_best(out, history, stopper, self.driver_ckpt)
@@ -317,7 +317,8 @@ class KafkaRun:
             self._pump(0.1)
 
     def _stop(self, partition: int) -> None:
-        self.transport.send(Channel.CONTROL, partition, Message(Lifecycle.STOP, self.driver.next_epoch, -1, -1, partition, -1))
+        stop = Message(Lifecycle.STOP, self.driver.next_epoch, -1, -1, partition, -1)
+        self.transport.send(Channel.CONTROL, partition, stop)
 
     # ------------------------------------------------------------------------------------------- running
     def run(self, stall_timeout: float) -> None:

@@ -95,18 +95,17 @@ def load_ps_checkpoint(path: Path | str, tx, template_params: dict):
 
     with np.load(path, allow_pickle=False) as z:
         meta = json.loads(str(z["meta"]))
-        params = {s: {n: np.asarray(z[f"params/{s}/{n}"]) for n in p} for s, p in template_params.items()}
+        params = P.read_like(z, template_params, prefix="params/")
         template = tx.init(params)
         leaves, treedef = jax.tree_util.tree_flatten(template)
         got = [jnp.asarray(z[f"opt/{i}"], dtype=jnp.asarray(t).dtype) for i, t in enumerate(leaves)]
         opt_state = jax.tree_util.tree_unflatten(treedef, got)
         total = None
         if any(k.startswith("total/") for k in z.files):
-            total = {s: {n: np.asarray(z[f"total/{s}/{n}"]) for n in p} for s, p in template_params.items()}
+            total = P.read_like(z, template_params, prefix="total/")
         latest = {}
         for k, key in enumerate(meta.get("latest_keys", [])):
-            latest[tuple(key)] = {s: {n: np.asarray(z[f"latest/{k}/{s}/{n}"]) for n in p}
-                                  for s, p in template_params.items()}
+            latest[tuple(key)] = P.read_like(z, template_params, prefix=f"latest/{k}/")
     v = int(meta["version"])
     return PSState(params, opt_state, v, {v: params}, {}, latest, total)
 

@@ -39,7 +39,7 @@ from ops import lambda_handler as LH
 from pipelines.config import ConfigError
 from pipelines.engine.autotune import Autotuner
 from pipelines.engine.messages import EngineError
-from ops.params import flatten
+from ops.params import flatten, stage_slice, stages_of
 from pipelines.engine.pools import MAX_WORKERS, QueuedPool, autotune_start
 from schemas.tasks import Channel, Message, TaskKind
 
@@ -431,8 +431,8 @@ class AwsLambdaPool(QueuedPool):
                 self._done.popitem(last=False)
         if grads:
             gmsg = Message(TaskKind.GRAD, msg.epoch, msg.stage, msg.interval, msg.partition, msg.version)
-            for name in sorted({k.split("/", 1)[0] for k in grads}):
-                sub = {k: np.asarray(v) for k, v in grads.items() if k.startswith(name + "/")}
+            for name in stages_of(grads):
+                sub = {k: np.asarray(v) for k, v in stage_slice(grads, name).items()}
                 self.transport.send(Channel.GRADS, 0, gmsg.replace(arrays=sub, meta={"stage_name": name}))
         reply = Message(msg.kind, msg.epoch, msg.stage, msg.interval, msg.partition, msg.version,
                         arrays={k: np.asarray(v) for k, v in arrays.items()},

@@ -35,6 +35,15 @@ class _Interval:
 
 
 class GraphServer:
+    """One partition's graph server (see the module doc).
+
+    transport: its channels; plan: the partition's `PartitionPlan` (owned rows, ghosts, intervals); model /
+    model_spec: the model and its `ops.spec.ModelSpec` JSON (sent with every tensor task); features: all
+    vertices' features (it keeps its column space); labels / train_mask: of its owned vertices; num_partitions:
+    graph servers in the run; staleness: S, or None for synchronous; epochs: how many it runs; seed: dropout
+    seeds; loss_scale: 1 / training vertices of the whole graph; straggler_k / straggler_min_s: relaunch a task
+    after max(min_s, k x its moving-average time); start_epoch: where a resumed run starts."""
+
     def __init__(self, transport, plan, model: models.Model, model_spec: dict, *, features: np.ndarray,
                  labels: np.ndarray, train_mask: np.ndarray, num_partitions: int, staleness: int | None,
                  epochs: int, seed: int, loss_scale: float, straggler_k: float = 2.0, straggler_min_s: float = 0.5,
@@ -103,11 +112,12 @@ class GraphServer:
         self._stop = threading.Event()
         self.spans = None  # a SpanLog, set by the driver to record the timeline
         self.lane = f"graph-server-{self.partition}"
-        self._waiting: list = [None] * self.num_intervals  # interval -> [wait start, gate] while its next step is not ready
+        # interval -> [wait start, gate] while its next step is not ready
+        self._waiting: list = [None] * self.num_intervals
         self._gate = None
         self.consumer = transport.consumer(
-            [(Channel.TENSOR_RESULTS, self.partition), (Channel.GHOSTS, self.partition), (Channel.GHOST_GRADS, self.partition), (Channel.WATERMARKS, self.partition),
-             (Channel.CONTROL, self.partition)], group=f"graph-server-{self.partition}")
+            [(ch, self.partition) for ch in (Channel.TENSOR_RESULTS, Channel.GHOSTS, Channel.GHOST_GRADS,
+                                             Channel.WATERMARKS, Channel.CONTROL)], group=f"graph-server-{self.partition}")
         self.wconsumer = transport.consumer([(Channel.WEIGHTS, 0)], group=f"graph-server-{self.partition}-weights")
 
     # ------------------------------------------------------------------------------------------------ setup
@@ -262,7 +272,8 @@ class GraphServer:
                                                  meta={"name": name}))
         for q in range(self.num_partitions):
             if q != self.partition:
-                self.transport.send(Channel.WATERMARKS, q, Message(TaskKind.WATERMARK, e, s, -1, self.partition, -1, meta={"dir": Direction.FORWARD}))
+                self.transport.send(Channel.WATERMARKS, q, Message(TaskKind.WATERMARK, e, s, -1, self.partition, -1,
+                                                                   meta={"dir": Direction.FORWARD}))
         t1 = clock()
         self.busy_s[TaskKind.SC] += t1 - t0
         self._span(TaskKind.SC, e, -1, t0, t1)
@@ -340,7 +351,8 @@ class GraphServer:
                                                           "vertex": self.ghost_ids[q]}, meta={"name": name}))
         for q in range(self.num_partitions):
             if q != self.partition:
-                self.transport.send(Channel.WATERMARKS, q, Message(TaskKind.WATERMARK, e, ps, -1, self.partition, -1, meta={"dir": Direction.BACKWARD}))
+                self.transport.send(Channel.WATERMARKS, q, Message(TaskKind.WATERMARK, e, ps, -1, self.partition, -1,
+                                                                   meta={"dir": Direction.BACKWARD}))
         t1 = clock()
         self.busy_s[TaskKind.SC_BWD] += t1 - t0
         self._span(TaskKind.SC_BWD, e, -1, t0, t1)
@@ -384,7 +396,8 @@ class GraphServer:
         entry[1] = time.monotonic()
         entry[2] = attempts + 1
         self.relaunches += 1
-        self.transport.send(Channel.TENSOR_TASKS, 0, msg.replace(meta={**msg.meta, "attempt": attempts + 1, "reason": reason}))
+        self.transport.send(Channel.TENSOR_TASKS, 0,
+                            msg.replace(meta={**msg.meta, "attempt": attempts + 1, "reason": reason}))
 
     def _check_stragglers(self) -> None:
         now = time.monotonic()
@@ -575,12 +588,14 @@ class GraphServer:
                             progressed = True
                 self._check_stragglers()
             self.transport.flush()  # DONE means every message this server sent has been delivered
-            self.transport.send(Channel.METRICS, 0, Message(Lifecycle.DONE, min(self.epoch) - 1, -1, -1, self.partition, -1, meta={
+            self.transport.send(Channel.METRICS, 0, Message(Lifecycle.DONE, min(self.epoch) - 1, -1, -1,
+                                                            self.partition, -1, meta={
                 "busy_s": dict(self.busy_s), "relaunches": self.relaunches, "duplicates": self.duplicates,
                 "max_staleness": self.max_staleness}))
         except BaseException as e:
             self.error = e
-            self.transport.send(Channel.METRICS, 0, Message(Lifecycle.FAILED, -1, -1, -1, self.partition, -1, meta={"error": repr(e)}))
+            self.transport.send(Channel.METRICS, 0, Message(Lifecycle.FAILED, -1, -1, -1, self.partition, -1,
+                                                            meta={"error": repr(e)}))
         finally:
             self.consumer.close()
             self.wconsumer.close()

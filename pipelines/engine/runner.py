@@ -78,6 +78,8 @@ def run_context(cfg: TrainConfig, graph: Graph) -> RunContext:
 
 def build_param_server(cfg: TrainConfig, graph: Graph, transport, *, ctx: RunContext | None = None,
                        epochs: int | None = None, on_version=None) -> ParameterServer:
+    """The parameter server of a run. ctx: the run context (default: built from cfg and graph); epochs: how many
+    it serves (default cfg.epochs); on_version(v, weights): called with every published weight version."""
     ctx = ctx or run_context(cfg, graph)
     return ParameterServer(transport, ctx.params, ctx.tx, partitions=cfg.partitions, intervals=cfg.intervals,
                            param_stages=ctx.param_stages, mode=cfg.wu, staleness=cfg.staleness,
@@ -87,6 +89,8 @@ def build_param_server(cfg: TrainConfig, graph: Graph, transport, *, ctx: RunCon
 def build_graph_server(cfg: TrainConfig, graph: Graph, transport, partition: int, *,
                        ctx: RunContext | None = None, epochs: int | None = None,
                        start_epoch: int = 0) -> GraphServer:
+    """The graph server of `partition`. ctx / epochs as in `build_param_server`; start_epoch: where a resumed
+    run starts (it counts as epoch 0 for staleness)."""
     ctx = ctx or run_context(cfg, graph)
     pp = ctx.plan.partitions[partition]
     return GraphServer(
@@ -112,7 +116,8 @@ def make_tensor_workers(cfg: TrainConfig, transport, model_spec: dict) -> Tensor
     return LocalPool(transport, model_spec, int(tw), **faults)
 
 
-def build_tensor_workers(cfg: TrainConfig, graph: Graph, transport, *, ctx: RunContext | None = None):
+def build_tensor_workers(cfg: TrainConfig, graph: Graph, transport, *,
+                         ctx: RunContext | None = None) -> TensorWorker:
     """The tensor-worker pool cfg names (local, autotuned, inline or AWS Lambda), wired to `transport`."""
     spec = ctx.spec if ctx is not None else ModelSpec.for_graph(cfg, graph)
     return make_tensor_workers(cfg, transport, spec.to_json())
@@ -120,6 +125,9 @@ def build_tensor_workers(cfg: TrainConfig, graph: Graph, transport, *, ctx: RunC
 
 def build_engine(cfg: TrainConfig, graph: Graph, transport=None, epochs: int | None = None,
                  init_params: dict | None = None, init_opt_state=None) -> Engine:
+    """Every role of an in-process run on one transport (default: a new MemoryTransport), not yet started.
+
+    epochs: how many the roles run (default cfg.epochs); init_params / init_opt_state: a warm start."""
     transport = transport or MemoryTransport()
     ctx = run_context(cfg, graph)
     versions: dict = {}

@@ -1,4 +1,5 @@
-"""Tensor workers: the `TensorWorker` interface and the local pool backend (threads), with fault injection."""
+"""Tensor workers: the `TensorWorker` interface every backend implements, and the local pool backend (threads)
+with fault injection."""
 from __future__ import annotations
 
 import abc
@@ -11,7 +12,7 @@ import numpy as np
 from ops import models
 from ops.tasks import run_tensor_task
 from pipelines.engine.messages import EngineError
-from ops.params import flatten, unflatten
+from ops.params import flatten, stage_slice, stages_of, unflatten
 from schemas.tasks import Channel, Message, TaskKind
 
 
@@ -47,16 +48,24 @@ class WeightCache:
 
 
 class TensorWorker(abc.ABC):
-    """Runs tensor tasks (AV, AE, LAST, LOSS, AV_BWD, AE_BWD) sent on the tensor channel; replies on the graph
-    server's result channel and sends dW to the parameter server. Backends: local pool, AWS Lambda."""
+    """The interface of every tensor-worker backend: runs the tensor tasks (`schemas.tasks.TENSOR_TASK_KINDS`)
+    sent on the tensor channel, replies on the graph server's result channel and sends dW to the parameter
+    server. Implemented by `LocalPool` and, through it, `pipelines.engine.pools.QueuedPool` / `InlinePool` and
+    `pipelines.engine.aws_lambda.AwsLambdaPool`; the runner and the tensor-worker role use only this."""
+
+    #: set when the backend failed for good (the driver raises it)
+    error: BaseException | None = None
 
     @abc.abstractmethod
-    def start(self) -> None: ...
+    def start(self) -> None:
+        """Start consuming tasks (threads, clients)."""
 
     @abc.abstractmethod
-    def stop(self) -> None: ...
+    def stop(self) -> None:
+        """Stop consuming and wait for the workers."""
 
     def stats(self) -> dict:
+        """Counters for the summary and the cost meter (tasks, busy_s, workers, billing, ...)."""
         return {}
 
 
@@ -127,9 +136,9 @@ class LocalPool(TensorWorker):
                 except EngineError as e:
                     # A relaunched duplicate may ask for a version the stash already dropped; the graph server
                     # ignores errors for tasks it no longer waits on and fails the run for those it does.
-                    self.transport.send(Channel.TENSOR_RESULTS, msg.partition, msg.replace(kind=TaskKind.ERROR, arrays={},
-                                                                              meta={**msg.meta, "error": str(e),
-                                                                                    "task": msg.kind}))
+                    error = msg.replace(kind=TaskKind.ERROR, arrays={},
+                                        meta={**msg.meta, "error": str(e), "task": msg.kind})
+                    self.transport.send(Channel.TENSOR_RESULTS, msg.partition, error)
             consumer.commit()  # the task is handled: a restarted worker need not run it again
 
     def _run(self, msg: Message) -> None:
@@ -155,9 +164,9 @@ class LocalPool(TensorWorker):
             self.tasks += 1
         if grads is not None:
             gmsg = Message(TaskKind.GRAD, msg.epoch, msg.stage, msg.interval, msg.partition, msg.version, arrays=grads)
-            for name in {k.split("/", 1)[0] for k in grads}:
-                sub = {k: v for k, v in grads.items() if k.startswith(name + "/")}
-                self.transport.send(Channel.GRADS, 0, gmsg.replace(arrays=sub, meta={"stage_name": name}))
+            for name in stages_of(grads):  # one GRAD message per stage: the parameter server collects by stage
+                self.transport.send(Channel.GRADS, 0, gmsg.replace(arrays=stage_slice(grads, name),
+                                                                   meta={"stage_name": name}))
         reply.meta["busy_s"] = dt
         self.transport.send(Channel.TENSOR_RESULTS, msg.partition, reply)
 

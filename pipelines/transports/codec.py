@@ -63,7 +63,8 @@ def to_arrow(msg: Message, run_id: str):
         mtype = S.MessageType.GRADIENTS if msg.kind == TaskKind.GRAD else S.MessageType.WEIGHTS
         return S.Envelope(msg.kind, run_id, msg.epoch, msg.stage, msg.interval, msg.partition, msg.version,
                           dict(msg.arrays), dict(msg.meta), mtype)
-    if (msg.kind == TaskKind.WATERMARK and not msg.arrays and set(msg.meta) == {"dir"} and msg.meta["dir"] in _WM_CHANNELS
+    if (msg.kind == TaskKind.WATERMARK and not msg.arrays and set(msg.meta) == {"dir"}
+            and msg.meta["dir"] in _WM_CHANNELS
             and msg.interval == -1 and msg.version == -1):
         return S.Watermark(run_id, f"graph-server-{msg.partition}", msg.partition, msg.epoch, msg.stage,
                            _WM_CHANNELS[msg.meta["dir"]])
@@ -94,7 +95,8 @@ def from_arrow(obj) -> tuple[str, Message]:
         w = obj[0]
         if w.channel not in _WM_DIRS:
             raise SchemaError(f"watermark channel {w.channel!r} is not one the engine uses ({sorted(_WM_DIRS)})")
-        return w.run_id, Message(TaskKind.WATERMARK, w.epoch, w.stage, -1, w.partition, -1, meta={"dir": _WM_DIRS[w.channel]})
+        return w.run_id, Message(TaskKind.WATERMARK, w.epoch, w.stage, -1, w.partition, -1,
+                                 meta={"dir": _WM_DIRS[w.channel]})
     if isinstance(obj, S.Control):
         a = obj.args
         try:
