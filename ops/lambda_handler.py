@@ -56,7 +56,7 @@ import numpy as np
 from ops import params as P
 import schemas
 from schemas import MessageType, SchemaError
-from schemas.tasks import TENSOR_TASK_KINDS
+from schemas.tasks import TENSOR_TASK_KINDS, StageKind, TaskKind
 
 EVENT_VERSION = 1
 #: Lambda's limit on a synchronous (RequestResponse) invocation's request and response payloads: 6 MB.
@@ -356,10 +356,10 @@ def check_task(env, params: dict) -> tuple[Any, int, dict, dict]:
     s = env.stage
     _need(0 <= s < len(stages), f"{kind} task: stage {s} does not exist (the model has {len(stages)} stages)")
     st = stages[s]
-    if kind == "LOSS":
-        _need(st.kind == "LOSS", f"LOSS task on stage {s}, which is {st.kind}")
-    elif kind == "LAST":
-        _need(st.kind == "AV" and s == len(stages) - 2,
+    if kind == TaskKind.LOSS:
+        _need(st.kind == StageKind.LOSS, f"LOSS task on stage {s}, which is {st.kind}")
+    elif kind == TaskKind.LAST:
+        _need(st.kind == StageKind.AV and s == len(stages) - 2,
               f"LAST task on stage {s} ({st.kind}): the fused last layer is the AV right before the loss")
     else:
         _need(st.kind == kind.split("_")[0], f"{kind} task on stage {s}, which is {st.kind}")
@@ -368,12 +368,12 @@ def check_task(env, params: dict) -> tuple[Any, int, dict, dict]:
           f"{kind} task: meta.seed must be null or a uint32, got {seed!r}")
     a = env.tensors
     R = _int(a, "row_gids", kind).shape[0]
-    if kind in ("AV", "AV_BWD", "LAST", "LOSS"):
+    if kind in (TaskKind.AV, TaskKind.AV_BWD, TaskKind.LAST, TaskKind.LOSS):
         h = _rows(a, "h", kind, R)
-        if st.kind == "AV" and st.in_dim:
+        if st.kind == StageKind.AV and st.in_dim:
             _need(h.ndim == 2 and h.shape[1] == st.in_dim,
                   f"{kind} task: 'h' has shape {h.shape}, stage {st.name} takes ({R}, {st.in_dim})")
-    if kind in ("LAST", "LOSS"):
+    if kind in (TaskKind.LAST, TaskKind.LOSS):
         lab = _int(a, "labels", kind, R)
         mask = _arr(a, "mask", kind)
         _need(mask.dtype == np.bool_ and mask.shape == (R,), f"{kind} task: 'mask' must be bool ({R},), got "
@@ -383,7 +383,7 @@ def check_task(env, params: dict) -> tuple[Any, int, dict, dict]:
         scale = meta.get("scale")
         _need(isinstance(scale, (int, float)) and not isinstance(scale, bool) and math.isfinite(scale),
               f"{kind} task: meta.scale must be a finite number, got {scale!r}")
-    if kind in ("AE", "AE_BWD"):
+    if kind in (TaskKind.AE, TaskKind.AE_BWD):
         _check_block(a, kind, R)
         C = a["col_gids"].shape[0]
         s_src = _float(a, "s_src", kind, 2)
@@ -391,7 +391,7 @@ def check_task(env, params: dict) -> tuple[Any, int, dict, dict]:
         _need(s_src.shape[0] == C, f"{kind} task: 's_src' has {s_src.shape[0]} rows, the block has {C} columns")
         _need(s_src.shape[1:] == s_dst.shape[1:] == (max(st.heads, 1),),
               f"{kind} task: 's_src'/'s_dst' must have {max(st.heads, 1)} heads, got {s_src.shape}, {s_dst.shape}")
-    if kind in ("AV_BWD", "AE_BWD"):
+    if kind in (TaskKind.AV_BWD, TaskKind.AE_BWD):
         wrt = meta.get("wrt", [])
         reads = models.reads(st)
         _need(isinstance(wrt, list) and all(w in reads for w in wrt),
@@ -406,8 +406,8 @@ def check_task(env, params: dict) -> tuple[Any, int, dict, dict]:
     extra = sorted(set(a) - allowed)
     _need(not extra, f"{kind} task: unexpected arrays {extra}")
     # The weights: every parameter the task's stages use, with the model's shapes.
-    names = [st.name] if kind != "LOSS" else []
-    if kind in ("LAST", "LOSS"):
+    names = [st.name] if kind != TaskKind.LOSS else []
+    if kind in (TaskKind.LAST, TaskKind.LOSS):
         names.append(stages[-1].name)
     want = _param_shapes(spec_json)
     for n in names:
@@ -422,7 +422,7 @@ def check_task(env, params: dict) -> tuple[Any, int, dict, dict]:
 
 def _check_out_grads(model, kind: str, s: int, params: dict, arrays: dict, meta: dict) -> None:
     """∇ tasks: each output gradient must have the shape of the output it is the gradient of."""
-    if kind not in ("AV_BWD", "AE_BWD"):
+    if kind not in (TaskKind.AV_BWD, TaskKind.AE_BWD):
         return
     import jax
 
@@ -430,7 +430,7 @@ def _check_out_grads(model, kind: str, s: int, params: dict, arrays: dict, meta:
 
     st = model.stages[s]
     p = params.get(st.name, {})
-    if st.kind == "AV":
+    if st.kind == StageKind.AV:
         adj, inputs = tasks.Rows(arrays["row_gids"]), {"h": arrays["h"]}
     else:
         adj = tasks.block_from_arrays(arrays, arrays["s_dst"].shape[0], arrays["s_src"].shape[0])

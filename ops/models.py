@@ -15,13 +15,13 @@ from schemas.tasks import StageKind
 class Stage:
     """One task kind of one layer, in execution order.
 
-    kind: "AV" (tensor worker, row-local), "AE" (tensor worker, edge-local over a block's rows),
-      "GA" (graph server, needs ghost columns), "LOSS" (tensor worker, row-local; fused with a directly
+    kind: a `schemas.tasks.StageKind`: AV (tensor worker, row-local), AE (tensor worker, edge-local over a
+      block's rows), GA (graph server, needs ghost columns), LOSS (tensor worker, row-local; fused with a directly
       preceding AV into Dorylus's fused last-layer task).
     reads_cols: vertex tensors this stage reads at column positions, i.e. the ones that need ghosts (SC).
     """
 
-    kind: str
+    kind: StageKind
     layer: int
     index: int
     name: str

@@ -1,9 +1,11 @@
 """Kafka runs with one process per role: the command lines of the roles, a local launcher, and the driver.
 
 ``dorylus train --transport kafka --bootstrap HOST:PORT --spawn-local`` is `train_kafka`: the train process is
-the driver (it gathers METRICS and WEIGHTS, evaluates every epoch, writes metrics.jsonl, weights.npz and
-summary.json), and `role_commands` are the processes it launches on this machine (without ``--spawn-local`` the
-roles run elsewhere, e.g. on the machines `pipelines.deploy` starts, with the same command lines).
+the driver (`KafkaRun` wires it: it reads METRICS and WEIGHTS and hands them to the epoch driver shared with the
+in-memory engine, `pipelines.engine.driver`, which evaluates every epoch and writes metrics.jsonl; `KafkaRun`
+writes weights.npz, summary.json and run.json), and `role_commands` are the processes it launches on this
+machine (without ``--spawn-local`` the roles run elsewhere, e.g. on the machines `pipelines.deploy` starts,
+with the same command lines).
 
 Run directory additions: ``run.json`` (run id, incarnation, the topics' run id, bootstrap, roles, status),
 ``logs/<role>.log`` (each role's stdout and stderr), ``ckpt/`` (the roles' checkpoints, see `pipelines.roles`).

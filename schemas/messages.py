@@ -179,7 +179,7 @@ class Header:
     partition: int
     version: int
     meta: Mapping[str, Any]
-    schema_version: int = SCHEMA_VERSION
+    schema_version: int = MESSAGE_SCHEMA_VERSION
 
 
 @dataclasses.dataclass(frozen=True, eq=False)

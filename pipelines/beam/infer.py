@@ -60,6 +60,7 @@ from ops.spec import ModelSpec
 from pipelines.beam.prepare import STATS_FILE, Stat, StatsFn, _write_stats, _write_table, engine_flags, shard_name
 from pipelines.data.graph import DataError
 from schemas import files as file_schemas
+from schemas.tasks import StageKind
 
 log = logging.getLogger("dorylus.infer")
 
@@ -87,12 +88,12 @@ def segments(model) -> list[Segment]:
     """Cut a model's stages at the stages that read columns; the first segment may have no column stages."""
     from ops import models
 
-    body = [s for s in model.stages if s.kind != "LOSS"]
-    loss = next(s for s in model.stages if s.kind == "LOSS")
+    body = [s for s in model.stages if s.kind != StageKind.LOSS]
+    loss = next(s for s in model.stages if s.kind == StageKind.LOSS)
     groups: list[list] = [[]]
     for st in body:
-        col = st.kind in ("GA", "AE")
-        if col and groups[-1] and groups[-1][-1].kind == "AV":
+        col = st.kind in (StageKind.GA, StageKind.AE)
+        if col and groups[-1] and groups[-1][-1].kind == StageKind.AV:
             groups.append([])
         groups[-1].append(st)
     out = []
@@ -102,7 +103,7 @@ def segments(model) -> list[Segment]:
             for name, where in models.reads(st).items():
                 if where == "cols" and name not in exchanged:
                     exchanged.append(name)
-                if where == "rows" and st.kind != "AV" and name not in row_reads:
+                if where == "rows" and st.kind != StageKind.AV and name not in row_reads:
                     row_reads.append(name)
             for name in models.writes(st):
                 if name != "alpha" and name not in writes:

@@ -1,5 +1,7 @@
 """Runs the separated engine in one process: graph servers, a tensor-worker pool and the parameter server as
-threads talking only through a transport; the driver gathers metrics, evaluates and writes the run directory."""
+threads talking only through a transport. This module is the wiring (the run context every role derives from,
+the role builders, the tensor-worker factory, threads); the epochs are `pipelines.engine.driver.EpochDriver`'s,
+which the Kafka driver (`pipelines.launch`) shares."""
 from __future__ import annotations
 
 import dataclasses
