@@ -56,7 +56,7 @@ class StreamGraph:
     def __init__(self, partitions: int = 1, feature_dim: int | None = None):
         if partitions < 1:
             raise ValueError(f"partitions must be >= 1, got {partitions}")
-        self.P = partitions
+        self.num_partitions = partitions
         self.feature_dim = feature_dim
         self.parts = [PartitionStore(p) for p in range(partitions)]
         self._owner: dict[int, int] = {}
@@ -64,7 +64,7 @@ class StreamGraph:
 
     # ------------------------------------------------------------------------------------------------ queries
     def owner(self, v: int) -> int:
-        return owner_of(v, self.P)
+        return owner_of(v, self.num_partitions)
 
     def has_vertex(self, v: int) -> bool:
         return v in self.parts[self.owner(v)].features

@@ -601,7 +601,7 @@ class Stream:
                     "watermark": self.wm.state(), "counters": dict(self.counters),
                     "feature_dim": self.feature_dim, "num_classes": self.num_classes,
                     "events_topic": self.opts.events_topic, "interval_ms": self.interval_ms,
-                    "partitions": self.graph.P, "config": self.cfg.to_dict(), "created": time.time()}
+                    "partitions": self.graph.num_partitions, "config": self.cfg.to_dict(), "created": time.time()}
             seen = list(self.seen)
         # Dead letters of the messages below these offsets were sent before the snapshot: make them durable
         # before the offsets are.

@@ -87,7 +87,7 @@ class ParameterServer:
         self.expected = [(p, i) for p in range(partitions) for i in range(intervals)]
         self.param_stages = param_stages
         self.mode = mode
-        self.S = staleness or 0
+        self.staleness = staleness or 0
         self.epochs = epochs
         self.partitions = partitions
         self.intervals = intervals
@@ -147,7 +147,7 @@ class ParameterServer:
             e = self.state.version
             t0 = time.monotonic()
             # Versions still needed: those of epochs that may still be running backward passes (stashing).
-            keep_from = max(0, e + 1 - self.S)
+            keep_from = max(0, e + 1 - self.staleness)
             with self._lock:
                 self.state = apply_epoch(self.state, self.tx, e, self.expected, self.param_stages, self.mode,
                                          keep_from)

@@ -466,7 +466,7 @@ class _AssignedConsumer(Consumer):
 
     def __init__(self, transport: KafkaTransport, subs, group):
         kafka = _import_kafka()
-        self.t = transport
+        self.transport = transport
         self.group = group
         self.kc = transport._new_kafka_consumer(group)
         self.tps = [kafka.TopicPartition(transport.topic(k), p) for k, p in subs]
@@ -489,14 +489,14 @@ class _AssignedConsumer(Consumer):
                 if recs:
                     records.extend(recs)
                     self._returned[tp] = recs[-1].offset + 1
-        return self.t._decode_records(records, self.group)
+        return self.transport._decode_records(records, self.group)
 
     def commit(self) -> None:
         self._processed.update(self._returned)
         if self.group is None or self._processed == self._committed:
             return
         now = time.monotonic()
-        if now - self._last_commit < self.t.commit_interval_s:
+        if now - self._last_commit < self.transport.commit_interval_s:
             return
         self._commit(sync=False)
 
@@ -542,7 +542,7 @@ class _AssignedConsumer(Consumer):
     def close(self) -> None:
         """Commit what was handled; with a lingering transport the consumer stays readable until it closes."""
         self._processed.update(self._returned)
-        if not self.t.linger_consumers:
+        if not self.transport.linger_consumers:
             self._closed = True
             self._close_now()
 
@@ -568,7 +568,7 @@ class _SharedGroup:
 
     def __init__(self, transport: KafkaTransport, kinds: list[str], group: str):
         kafka = _import_kafka()
-        self.t = transport
+        self.transport = transport
         self.group = group
         self.kc = transport._new_kafka_consumer(group)
         self.lock = threading.Lock()
@@ -604,7 +604,7 @@ class _SharedGroup:
                     member.taken.append((tp, rec.offset))
                     taken.append(rec)
                 if taken:  # decoded (and counted) in offset order, before another member takes more
-                    return self.t._decode_records(taken, self.group)
+                    return self.transport._decode_records(taken, self.group)
             if time.monotonic() >= deadline:
                 return []
 
@@ -613,7 +613,7 @@ class _SharedGroup:
             for tp, off in member.taken:
                 self.outstanding.get(tp, set()).discard(off)
             member.taken.clear()
-            if time.monotonic() - self._last_commit >= self.t.commit_interval_s:
+            if time.monotonic() - self._last_commit >= self.transport.commit_interval_s:
                 self._commit_locked(sync=False)
 
     def _commit_locked(self, sync: bool) -> None:
@@ -661,7 +661,7 @@ class _SharedGroup:
 
                     tp = TopicPartition(r.topic, r.partition)
                     self.next_offset[tp] = max(self.next_offset.get(tp, 0), r.offset + 1)
-                self.t._decode_records(recs, self.group)
+                self.transport._decode_records(recs, self.group)
             self.outstanding.clear()
             self._commit_locked(sync=True)
 

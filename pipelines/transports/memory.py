@@ -68,7 +68,7 @@ class MemoryTransport(Transport):
 
 class _MemoryConsumer(Consumer):
     def __init__(self, transport: MemoryTransport, subs, group):
-        self.t = transport
+        self.transport = transport
         self.subs = subs
         self.group = group
         self._rr = 0
@@ -76,17 +76,17 @@ class _MemoryConsumer(Consumer):
     def poll(self, timeout: float, max_messages: int = 256) -> list[Message]:
         deadline = time.monotonic() + timeout
         out: list[Message] = []
-        with self.t._cv:
+        with self.transport._cv:
             while True:
                 n = len(self.subs)
                 for k in range(n):
                     if len(out) >= max_messages:
                         break
-                    self.t._take(self.subs[(self._rr + k) % n], self.group, max_messages - len(out), out)
+                    self.transport._take(self.subs[(self._rr + k) % n], self.group, max_messages - len(out), out)
                 self._rr = (self._rr + 1) % max(n, 1)
                 if out:
                     return out
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return out
-                self.t._cv.wait(left)
+                self.transport._cv.wait(left)
