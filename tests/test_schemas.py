@@ -527,8 +527,10 @@ def test_version_1_messages_still_decode():
     arrays, names = _vertex_arrays()
     md = _routing_md(schema_version="1", stage=None, layer="4", kind="AV")
     env = decode(_raw(arrays, names, md))
-    assert env.header.schema_version == 1 and env.stage == 4 and env.kind == "AV"
-    assert peek_header(_raw(arrays, names, md)).stage == 4
+    assert env.stage == 4 and env.kind == "AV"
+    h = peek_header(_raw(arrays, names, md))
+    assert h.schema_version == 1 and h.stage == 4
+    assert decode(encode(env)).stage == 4 and peek_header(encode(env)).schema_version == 2  # re-encoded as v2
     _assert_error(_raw(arrays, names, _routing_md(schema_version="1")), "missing routing field stage")
     v1 = pa.schema([pa.field("producer", pa.string(), nullable=False), pa.field("partition", pa.int32(), nullable=False),
                     pa.field("epoch", pa.int64(), nullable=False), pa.field("layer", pa.int32(), nullable=False),
