@@ -14,7 +14,8 @@ import pytest
 pytest.importorskip("apache_beam")
 
 from pipelines import cli  # noqa: E402
-from pipelines.beam import infer, prepare, shards  # noqa: E402
+from pipelines.beam import infer, prepare  # noqa: E402
+from pipelines.data import prepared as shards  # noqa: E402
 from pipelines.beam.runners import RunnerUnavailable, runner_options  # noqa: E402
 from pipelines.config import TrainConfig  # noqa: E402
 from pipelines.data.graph import DataError  # noqa: E402
