@@ -16,7 +16,6 @@ pytest.importorskip("apache_beam")
 
 from pipelines.beam import prepare  # noqa: E402
 from pipelines.data import prepared as shards  # noqa: E402
-from pipelines.beam.runners import RunnerUnavailable, runner_options  # noqa: E402
 from pipelines.data.graph import DataError, clean_adjacency, gcn_normalize  # noqa: E402
 from pipelines.data.splits import per_class_split  # noqa: E402
 
@@ -258,18 +257,12 @@ def _tables(root: Path) -> dict:
 
 @pytest.mark.flink
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")  # LOOPBACK data-plane hang-up
-def test_flink_runner_matches_direct_runner(prepared, tmp_path):
-    try:
-        flink_flags = runner_options("flink", ["--parallelism=2"], shared_job_server=True)
-    except RunnerUnavailable as e:
-        if os.environ.get("CI"):
-            pytest.fail(f"CI is set but the Flink job server is unavailable: {e}")
-        pytest.skip(str(e))
+def test_flink_runner_matches_direct_runner(prepared, tmp_path, flink_flags):
     d, inp, _ = prepared
     argv = base_argv(d, inp, "unused", "--partitions", "3", "--max-bad-records", "3", "--split",
                      "--train-per-class", "2", "--val-per-class", "1", "--seed", "5")
     argv[argv.index("--out") + 1] = str(tmp_path / "flink")
-    prepare.run(argv + flink_flags)
+    prepare.run(argv + flink_flags + ["--parallelism=2"])
     got, want = _tables(tmp_path / "flink"), _tables(d / "out")
     assert got["manifest"] == want["manifest"]   # includes every shard's sha256
     assert got["edges"] == want["edges"] and got["vertices"] == want["vertices"]

@@ -14,8 +14,7 @@ pytest.importorskip("kafka")
 from pipelines.config import build_config, load_toml  # noqa: E402
 from pipelines.data.registry import load_dataset  # noqa: E402
 from pipelines.engine.runner import train_engine  # noqa: E402
-from pipelines.train import _tree_to_npz  # noqa: E402
-from tests.kafka_fixtures import kafka_bootstrap  # noqa: E402,F401
+from pipelines.engine.param_server import flatten  # noqa: E402
 
 pytestmark = pytest.mark.kafka
 
@@ -83,10 +82,10 @@ def test_synchronous_kafka_processes_equal_the_memory_engine(kafka_bootstrap, da
     base = cm["usage"]["lambda_invocations"] - mem.summary["relaunches"]
     assert 0 < base <= s["tensor_tasks"] <= base + s["relaunches"]
     with np.load(out / "weights.npz") as z:
-        for k, w in _tree_to_npz(mem.best_params).items():
+        for k, w in flatten(mem.best_params).items():
             assert _rel(w, z[k]) < 1e-4, k
     with np.load(out / "ckpt" / f"param-server-{EPOCHS:06d}.npz") as z:  # the parameter server's final weights
-        for k, w in _tree_to_npz(mem.params).items():
+        for k, w in flatten(mem.params).items():
             assert _rel(w, z[f"params/{k}"]) < 1e-4, k
 
     # Interop: a plain kafka-python consumer, importing nothing of this project, decodes every value of every
