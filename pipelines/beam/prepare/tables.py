@@ -39,12 +39,27 @@ class TableInfo(NamedTuple):
     row_groups: tuple = ()    # Parquet: (index, first row) of each row group
 
 
-def _npy_header(path: str):
+def _check_file(path: str, what: str) -> bool:
+    """Whether ``path`` is a .npy file (else Parquet); DataError when it is missing or of another kind."""
+    if not os.path.isfile(path):
+        raise DataError(f"{what} file {path} does not exist")
+    if not path.endswith(".npy") and not is_parquet(path):
+        raise DataError(f"{path}: {what} files must be .npy or .parquet")
+    return path.endswith(".npy")
+
+
+def _npy_info(path: str, shape_want: str, ndim: int, kinds: str, dtype_want: str) -> TableInfo:
+    """A .npy file's TableInfo from its header; DataError unless it has ``ndim`` dims and a dtype kind in
+    ``kinds``."""
     try:
         arr = np.load(path, mmap_mode="r", allow_pickle=False)  # reads the header only
     except (ValueError, OSError) as e:
         raise DataError(f"{path}: not a readable .npy file ({e})") from None
-    return arr.shape, arr.dtype
+    if len(arr.shape) != ndim:
+        raise DataError(f"{path}: {shape_want}, got shape {arr.shape}")
+    if arr.dtype.kind not in kinds:
+        raise DataError(f"{path}: {dtype_want}, got dtype {arr.dtype}")
+    return TableInfo(path, "npy", int(arr.shape[0]), int(arr.shape[1]) if ndim == 2 else 0, None, ())
 
 
 def _is_list_type(t: pa.DataType) -> bool:
@@ -74,17 +89,9 @@ def _parquet_meta(path: str):
 def inspect_features(path: str) -> TableInfo:
     """Features: .npy numeric [N, F], or Parquet with an optional id column and one list column (``features``
     preferred) or, failing that, every other numeric column as one feature."""
-    if not os.path.isfile(path):
-        raise DataError(f"feature file {path} does not exist")
-    if path.endswith(".npy"):
-        shape, dtype = _npy_header(path)
-        if len(shape) != 2:
-            raise DataError(f"{path}: features must be a 2-D array [nodes, features], got shape {shape}")
-        if dtype.kind not in "iuf":
-            raise DataError(f"{path}: features must be numeric, got dtype {dtype}")
-        return TableInfo(path, "npy", int(shape[0]), int(shape[1]), None, ())
-    if not is_parquet(path):
-        raise DataError(f"{path}: feature files must be .npy or .parquet")
+    if _check_file(path, "feature"):
+        return _npy_info(path, "features must be a 2-D array [nodes, features]", 2, "iuf",
+                         "features must be numeric")
     pf, schema, id_col, groups = _parquet_meta(path)
     others = [f for f in schema if f.name != id_col]
     lists = [f for f in others if _is_list_type(f.type)]
@@ -119,17 +126,8 @@ def inspect_features(path: str) -> TableInfo:
 def inspect_labels(path: str, what: str = "label", column: str = "label") -> TableInfo:
     """Labels (or, with what="split", split codes): .npy int [N], or Parquet with ``column`` (else the only
     non-id column) and the optional id column."""
-    if not os.path.isfile(path):
-        raise DataError(f"{what} file {path} does not exist")
-    if path.endswith(".npy"):
-        shape, dtype = _npy_header(path)
-        if len(shape) != 1:
-            raise DataError(f"{path}: {what}s must be a 1-D array [nodes], got shape {shape}")
-        if dtype.kind not in "iu":
-            raise DataError(f"{path}: {what}s must be integers, got dtype {dtype}")
-        return TableInfo(path, "npy", int(shape[0]), 0, None, ())
-    if not is_parquet(path):
-        raise DataError(f"{path}: {what} files must be .npy or .parquet")
+    if _check_file(path, what):
+        return _npy_info(path, f"{what}s must be a 1-D array [nodes]", 1, "iu", f"{what}s must be integers")
     pf, schema, id_col, groups = _parquet_meta(path)
     others = [f for f in schema if f.name != id_col]
     if column in schema.names:
