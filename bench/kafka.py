@@ -185,7 +185,7 @@ def main(argv=None) -> int:
     broker = None
     bootstrap = args.bootstrap
     if not bootstrap:
-        from tests.kafka_fixtures import LocalKafka
+        from tests.support.kafka import LocalKafka
 
         broker = LocalKafka()
         bootstrap = broker.start()

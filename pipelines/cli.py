@@ -154,7 +154,7 @@ def _prepared_graph(cfg, explicit_partitioner):
     the prepare run made (and no --partitioner was given), its stored assignment (partitioner "prepared")."""
     import dataclasses
 
-    from pipelines.beam.shards import load_graph, partition_assignment, read_manifest
+    from pipelines.data.prepared import load_graph, partition_assignment, read_manifest
 
     if cfg.transport == "kafka":
         raise ConfigError("--prepared with --transport kafka is not supported yet (the role processes load "

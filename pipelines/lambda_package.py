@@ -11,7 +11,6 @@
 """
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 import os
@@ -19,6 +18,8 @@ import tarfile
 import time
 import zipfile
 from pathlib import Path
+
+from pipelines.data.registry import sha256_file
 
 REPO = Path(__file__).resolve().parents[1]
 DOCKERFILE = REPO / "infra" / "lambda" / "Dockerfile"
@@ -51,7 +52,7 @@ def build_zip(path: Path, root: Path = REPO) -> dict:
             info.external_attr = 0o644 << 16
             z.writestr(info, p.read_bytes())
     return {"path": str(path), "files": len(files), "bytes": path.stat().st_size,
-            "unzipped_bytes": sum(p.stat().st_size for _, p in files), "sha256": _sha256(path)}
+            "unzipped_bytes": sum(p.stat().st_size for _, p in files), "sha256": sha256_file(path)}
 
 
 def build_context(path: Path, root: Path = REPO, dockerfile: Path = DOCKERFILE) -> dict:
@@ -74,16 +75,8 @@ def build_context(path: Path, root: Path = REPO, dockerfile: Path = DOCKERFILE) 
             with tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tar:
                 for name, p in members:
                     add(tar, name, p.read_bytes())
-    return {"path": str(path), "files": len(members), "bytes": path.stat().st_size, "sha256": _sha256(path),
+    return {"path": str(path), "files": len(members), "bytes": path.stat().st_size, "sha256": sha256_file(path),
             "dockerfile": str(dockerfile.relative_to(root)) if dockerfile.is_relative_to(root) else str(dockerfile)}
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def installed_sizes(dists=RUNTIME_DISTS) -> dict:

@@ -10,7 +10,8 @@
   edges ``src int64, dst int64, weight float32`` (:data:`EDGE_SHARD_SCHEMA`);
   vertices ``vertex int64, partition int32, degree int32, features fixed_size_list<float32>[F], label int32,
   split int8`` (:func:`vertex_shard_schema`; label ``-1`` = unlabelled, split codes in :data:`SPLIT_CODES`).
-- the prepared-graph manifest JSON (:data:`MANIFEST_REQUIRED`, :func:`validate_manifest`).
+- the prepared-graph manifest JSON (:data:`MANIFEST_FILE`, :data:`PREPARED_FORMAT`, :data:`MANIFEST_REQUIRED`,
+  :func:`validate_manifest`).
 
 Every file schema carries ``dorylus.schema_version`` in its Arrow schema metadata; files in Parquet keep it.
 The validators accept tables that come back from Parquet with ``list<float32>`` where a
@@ -49,6 +50,11 @@ __all__ = [
     "validate_edge_shard",
     "validate_vertex_shard",
     "SPLIT_CODES",
+    "SPLIT_NAMES",
+    "PREPARED_FORMAT",
+    "PREPARED_FORMAT_VERSION",
+    "PREPARED_FORMAT_VERSIONS",
+    "MANIFEST_FILE",
     "MANIFEST_REQUIRED",
     "MANIFEST_PARTITION_REQUIRED",
     "validate_manifest",
@@ -318,6 +324,8 @@ def validate_predictions(table: pa.Table, embedding_dim: int | None = None) -> p
 # ------------------------------------------------------------------------------------------------- graph shards
 #: split codes of the vertex shard's ``split`` column
 SPLIT_CODES = {"none": -1, "train": 0, "val": 1, "test": 2}
+#: the named splits, in the order of their codes (train, val, test masks)
+SPLIT_NAMES = ("train", "val", "test")
 
 EDGE_SHARD_SCHEMA = pa.schema([
     pa.field("src", pa.int64(), nullable=False),
@@ -392,6 +400,12 @@ def validate_vertex_shard(table: pa.Table, feature_dim: int | None = None) -> pa
 
 
 # ----------------------------------------------------------------------------------------------------- manifest
+#: ``format`` of a prepared graph's manifest, the version the prepare pipeline writes and the versions readers know
+PREPARED_FORMAT = "dorylus-prepared"
+PREPARED_FORMAT_VERSION = 2
+PREPARED_FORMAT_VERSIONS = (2,)
+#: the manifest's file name in a prepared directory (written last: a directory with one is complete)
+MANIFEST_FILE = "manifest.json"
 #: required keys of a prepared graph's ``manifest.json`` and their JSON types
 MANIFEST_REQUIRED: dict[str, tuple[type, ...]] = {
     "schema_version": (int,),

@@ -14,8 +14,8 @@ import pytest
 pytest.importorskip("apache_beam")
 
 from pipelines import cli  # noqa: E402
-from pipelines.beam import infer, prepare, shards  # noqa: E402
-from pipelines.beam.runners import RunnerUnavailable, runner_options  # noqa: E402
+from pipelines.beam import infer, prepare  # noqa: E402
+from pipelines.data import prepared as shards  # noqa: E402
 from pipelines.config import TrainConfig  # noqa: E402
 from pipelines.data.graph import DataError  # noqa: E402
 
@@ -178,13 +178,8 @@ def test_infer_errors(runs, tmp_path, capsys):
 
 @pytest.mark.flink
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")  # LOOPBACK data-plane hang-up
-def test_infer_on_flink_matches_direct(prepared, runs, direct, tmp_path):
-    try:
-        flags = runner_options("flink", ["--parallelism=2"], shared_job_server=True)
-    except RunnerUnavailable as e:
-        if os.environ.get("CI"):
-            pytest.fail(f"CI is set but the Flink job server is unavailable: {e}")
-        pytest.skip(str(e))
+def test_infer_on_flink_matches_direct(prepared, runs, direct, tmp_path, flink_flags):
+    flags = flink_flags + ["--parallelism=2"]
     want = infer.load_predictions(direct("gcn-av-first", "prepared")[0])
     infer.run(["--run", str(runs["gcn-av-first"][0]), "--prepared", str(prepared), "--block-size", "1024",
                "--out", str(tmp_path / "flink")] + flags)

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
 
@@ -62,16 +61,10 @@ def test_flink_flags_from_cache_pointer(tmp_path, monkeypatch):
 
 @pytest.mark.flink
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")  # LOOPBACK data-plane hang-up
-def test_trivial_pipeline_on_flink():
+def test_trivial_pipeline_on_flink(flink_flags):
     import apache_beam as beam
     from apache_beam.testing.util import assert_that, equal_to
 
-    try:
-        flags = runner_options("flink", [], shared_job_server=True)
-    except RunnerUnavailable as e:
-        if os.environ.get("CI"):
-            pytest.fail(f"CI is set but the Flink job server is unavailable: {e}")
-        pytest.skip(str(e))
-    with beam.Pipeline(options=PipelineOptions(flags)) as p:
+    with beam.Pipeline(options=PipelineOptions(flink_flags)) as p:
         out = p | beam.Create(range(10)) | beam.Map(lambda x: (x % 3, x)) | beam.CombinePerKey(sum)
         assert_that(out, equal_to([(0, 18), (1, 12), (2, 15)]))

@@ -10,7 +10,7 @@ import pytest
 
 from pipelines.config import ConfigError, TrainConfig
 from pipelines.engine import cost
-from tests.test_lambda_support import cora
+from tests.support.lambda_tasks import cora
 
 
 def test_default_prices_are_the_aws_list_prices():

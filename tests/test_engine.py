@@ -135,9 +135,9 @@ def test_a_run_fails_loudly_when_a_role_dies(cora, monkeypatch):
     cfg = TrainConfig(model="gcn", epochs=5, partitions=2, intervals=2).resolved()
     from pipelines.engine import graph_server
 
-    def boom(self, msg):
+    def boom(self, msg):   # the first message a graph server handles kills it
         raise EngineError("graph server lost its partition")
 
-    monkeypatch.setattr(graph_server.GraphServer, "_on_ghosts", boom)
+    monkeypatch.setattr(graph_server.GraphServer, "handle", boom)
     with pytest.raises(EngineError, match="lost its partition"):
         train_engine(cfg, cora, stall_timeout=60)

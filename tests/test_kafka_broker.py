@@ -14,13 +14,7 @@ from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.admin import NewTopic  # noqa: E402
 from kafka.errors import KafkaError  # noqa: E402
 
-from tests.kafka_fixtures import (  # noqa: E402,F401
-    KAFKA_SH,
-    kafka_bootstrap,
-    kafka_scram,
-    local_broker,
-    restart_broker,
-)
+from tests.support.kafka import KAFKA_SH  # noqa: E402
 
 pytestmark = pytest.mark.kafka
 
@@ -126,16 +120,13 @@ def test_large_message(kafka_bootstrap):
     assert msg.value == payload
 
 
-def test_status_reports_running(kafka_bootstrap):
-    broker = local_broker()
-    if broker is None:
-        pytest.skip("external broker")
-    out = subprocess.run(["bash", str(KAFKA_SH), "status", "--state-dir", str(broker.state_dir)],
+def test_status_reports_running(kafka_bootstrap, kafka_broker):
+    out = subprocess.run(["bash", str(KAFKA_SH), "status", "--state-dir", str(kafka_broker.state_dir)],
                          capture_output=True, text=True, timeout=30)
     assert out.returncode == 0 and kafka_bootstrap in out.stdout
 
 
-def test_restart_keeps_committed_data(kafka_bootstrap):
+def test_restart_keeps_committed_data(kafka_bootstrap, kafka_broker):
     name = _topic("durable")
     group = _topic("group")
     _create(kafka_bootstrap, name, 2)
@@ -159,7 +150,7 @@ def test_restart_keeps_committed_data(kafka_bootstrap):
     finally:
         consumer.close()
 
-    bootstrap = restart_broker()
+    bootstrap = kafka_broker.restart()
     assert bootstrap == kafka_bootstrap  # same port
 
     consumer = KafkaConsumer(bootstrap_servers=bootstrap, group_id=group, enable_auto_commit=False,

@@ -15,7 +15,6 @@ from pipelines.config import build_config, load_toml  # noqa: E402
 from pipelines.data.registry import load_dataset  # noqa: E402
 from pipelines.engine.runner import train_engine  # noqa: E402
 from ops.params import flatten  # noqa: E402
-from tests.kafka_fixtures import kafka_bootstrap  # noqa: E402,F401
 
 pytestmark = pytest.mark.kafka
 

@@ -1,10 +1,8 @@
 """Faults of a Kafka run with one process per role: a broker restart mid-run and bad messages on its topics.
 
-Helpers are shared with tests/test_kafka_resume.py."""
+The run and its reference are shared with tests/test_kafka_resume.py (tests/support/kafka_runs.py, conftest)."""
 import json
 import subprocess
-import sys
-import time
 import uuid
 
 import numpy as np
@@ -14,47 +12,15 @@ pytest.importorskip("kafka")
 import pyarrow as pa  # noqa: E402
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition  # noqa: E402
 
-from pipelines.config import TrainConfig  # noqa: E402
-from pipelines.data.registry import load_dataset  # noqa: E402
-from pipelines.engine.runner import train_engine  # noqa: E402
 from pipelines.transports.kafka import KafkaTransport, topic_name  # noqa: E402
-from tests.kafka_fixtures import kafka_bootstrap, restart_broker  # noqa: E402,F401
+from tests.support.kafka_runs import EPOCHS, metrics_rows, train_argv, wait_rows  # noqa: E402
 
 pytestmark = pytest.mark.kafka
 
-EPOCHS = 10
 
-
-def _argv(bootstrap, out, data_dir, run_id):
-    return [sys.executable, "-m", "pipelines.cli", "train", "--dataset", "cora", "--data-dir", str(data_dir),
-            "--model", "gcn", "--partitions", "2", "--intervals", "4", "--staleness", "none", "--epochs",
-            str(EPOCHS), "--patience", "0", "--transport", "kafka", "--bootstrap", bootstrap, "--spawn-local",
-            "--run-id", run_id, "--out", str(out), "--quiet"]
-
-
-def _rows(out):
-    path = out / "metrics.jsonl"
-    return [json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()] if path.exists() else []
-
-
-def _wait_rows(out, n, proc, timeout=480):
-    deadline = time.monotonic() + timeout
-    while len(_rows(out)) < n:
-        assert proc.poll() is None, proc.communicate()[1][-3000:]
-        assert time.monotonic() < deadline, "the run made no progress"
-        time.sleep(0.2)
-
-
-@pytest.fixture(scope="module")
-def uninterrupted(data_dir):
-    """The same run, uninterrupted, on the in-memory engine (synchronous: the numbers a Kafka run must give)."""
-    cora = load_dataset("cora", data_dir)
-    cfg = TrainConfig(dataset="cora", data_dir=str(data_dir), model="gcn", partitions=2, intervals=4,
-                      staleness=None, epochs=EPOCHS, patience=0).resolved()
-    return train_engine(cfg, cora)
-
-
-def test_broker_restart_and_bad_messages_lose_nothing(kafka_bootstrap, data_dir, tmp_path, uninterrupted):
+def test_broker_restart_and_bad_messages_lose_nothing(kafka_bootstrap, kafka_broker, data_dir, tmp_path,
+                                                      uninterrupted_cora_run):
+    uninterrupted = uninterrupted_cora_run
     run_id = f"fault-{uuid.uuid4().hex[:8]}"
     out = tmp_path / "run"
     # Bad values already wait on two channels when the run starts: corrupt bytes, and Arrow of a foreign schema.
@@ -69,11 +35,11 @@ def test_broker_restart_and_bad_messages_lose_nothing(kafka_bootstrap, data_dir,
     raw.flush()
     raw.close()
 
-    proc = subprocess.Popen(_argv(kafka_bootstrap, out, data_dir, run_id), stdout=subprocess.PIPE,
+    proc = subprocess.Popen(train_argv(kafka_bootstrap, out, data_dir, run_id), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     try:
-        _wait_rows(out, 3, proc)
-        restart_broker()  # stop (data kept) and start again, mid-run
+        wait_rows(out, 3, proc)
+        kafka_broker.restart()  # stop (data kept) and start again, mid-run
         _, err = proc.communicate(timeout=600)
     finally:
         if proc.poll() is None:
@@ -89,7 +55,7 @@ def test_broker_restart_and_bad_messages_lose_nothing(kafka_bootstrap, data_dir,
     assert tr["channels"]["tensor/0"]["produced"] >= 4 * 3 * EPOCHS  # the data channels really were used
     # The bad values went to the dead-letter topic, were counted, and changed nothing.
     assert s["dead_letters"] == 2 and tr["dead_letters"] == {"ghosts/0": 1, "tensor.out/1": 1}
-    assert _rows(out)[-1]["dead_letters"] == 2
+    assert metrics_rows(out)[-1]["dead_letters"] == 2
     dl = KafkaConsumer(bootstrap_servers=kafka_bootstrap, auto_offset_reset="earliest", consumer_timeout_ms=10000)
     dl.assign([TopicPartition(topic_name(run_id, "dead-letter"), 0)])
     recs = [r for _, r in zip(range(2), dl)]
@@ -100,6 +66,6 @@ def test_broker_restart_and_bad_messages_lose_nothing(kafka_bootstrap, data_dir,
     assert logs.count("dead letter") == 2  # each one logged by the role that met it
     # A synchronous run is deterministic: the outage changed no number.
     l1 = np.array([r["loss"] for r in uninterrupted.history])
-    l2 = np.array([r["loss"] for r in _rows(out)])
+    l2 = np.array([r["loss"] for r in metrics_rows(out)])
     assert np.max(np.abs(l1 - l2) / np.abs(l1)) < 1e-4
     assert s["test_acc"] == pytest.approx(uninterrupted.summary["test_acc"])

@@ -12,18 +12,19 @@ import pytest
 
 pytest.importorskip("kafka")
 
-from tests.kafka_fixtures import kafka_bootstrap  # noqa: E402,F401
-from tests.test_kafka_faults import EPOCHS, _argv, _rows, _wait_rows, uninterrupted  # noqa: E402,F401
+from tests.support.kafka_runs import EPOCHS, metrics_rows, train_argv, wait_rows  # noqa: E402
 
 pytestmark = pytest.mark.kafka
 
 
-def test_a_killed_graph_server_is_resumed_from_checkpoints(kafka_bootstrap, data_dir, tmp_path, uninterrupted):
+def test_a_killed_graph_server_is_resumed_from_checkpoints(kafka_bootstrap, data_dir, tmp_path,
+                                                           uninterrupted_cora_run):
+    uninterrupted = uninterrupted_cora_run
     out = tmp_path / "run"
-    proc = subprocess.Popen(_argv(kafka_bootstrap, out, data_dir, f"kill-{uuid.uuid4().hex[:8]}"),
+    proc = subprocess.Popen(train_argv(kafka_bootstrap, out, data_dir, f"kill-{uuid.uuid4().hex[:8]}"),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        _wait_rows(out, 3, proc)
+        wait_rows(out, 3, proc)
         pids = json.loads((out / "run.json").read_text())["pids"]
         os.kill(pids["graph-server-1"], signal.SIGKILL)
         _, err = proc.communicate(timeout=120)
@@ -49,7 +50,7 @@ def test_a_killed_graph_server_is_resumed_from_checkpoints(kafka_bootstrap, data
     s = json.loads((out / "summary.json").read_text())
     assert s["status"] == "complete" and s["epochs"] == EPOCHS and s["incarnation"] == 1
     assert 1 <= s["resumed_from_epoch"] < EPOCHS
-    assert [r["epoch"] for r in _rows(out)] == list(range(EPOCHS))  # each epoch once
+    assert [r["epoch"] for r in metrics_rows(out)] == list(range(EPOCHS))  # each epoch once
     assert s["topic_run_id"].endswith("-r1")
     assert abs(s["test_acc"] - uninterrupted.summary["test_acc"]) <= 0.005
     assert s["best_val_acc"] == pytest.approx(uninterrupted.summary["best_val_acc"])

@@ -6,7 +6,6 @@ import pytest
 
 from pipelines.transports.base import TransportError
 from pipelines.transports.kafka_security import client_settings, describe
-from tests.kafka_fixtures import kafka_scram  # noqa: F401  (pytest fixture)
 
 
 def test_no_settings_is_plaintext():

@@ -15,7 +15,6 @@ from pipelines.engine.messages import Message  # noqa: E402
 from pipelines.transports import codec  # noqa: E402
 from pipelines.transports.base import TransportError  # noqa: E402
 from pipelines.transports.kafka import KafkaTransport, topic_name  # noqa: E402
-from tests.kafka_fixtures import kafka_bootstrap  # noqa: E402,F401
 
 pytestmark = pytest.mark.kafka
 

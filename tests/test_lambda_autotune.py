@@ -10,7 +10,7 @@ import pytest
 from pipelines.config import TrainConfig
 from pipelines.engine import pools
 from pipelines.engine.autotune import Autotuner
-from tests.test_lambda_support import cora
+from tests.support.lambda_tasks import cora
 
 
 def simulate(tuner: Autotuner, ticks: int, arrivals, service: int, dt: float = 0.1) -> list[int]:

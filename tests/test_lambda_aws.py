@@ -24,8 +24,8 @@ from pipelines.engine.messages import Message
 from pipelines.engine.param_server import unflatten
 from pipelines.engine.tensor_worker import execute
 from pipelines.transports.memory import MemoryTransport
-from tests.test_lambda_support import (InProcessLambda, aws_env, capture, code_zip, cora,  # noqa: F401
-                                       create_function, invoke_response, no_aws_credentials)
+from schemas import lambda_events
+from tests.support.lambda_tasks import InProcessLambda, capture, code_zip, cora, create_function, invoke_response
 
 BUCKET = "dorylus-payloads"
 
@@ -88,7 +88,7 @@ def test_request_shape_result_and_billing(lam):
     pool = _pool(t, msg.meta["model"], weights, lam)
 
     def check(event):
-        assert event["event_version"] == LH.EVENT_VERSION and event["task"] == "LAST"
+        assert event["event_version"] == lambda_events.EVENT_VERSION and event["task"] == "LAST"
         assert set(event) == {"event_version", "task", "input", "weights", "output"}
         assert set(event["input"]) == {"inline"} and set(event["weights"]) == {"inline"}
         assert event["output"] == {"inline_limit": pool.invoke_limit, "compression": "zstd"}
@@ -99,7 +99,7 @@ def test_request_shape_result_and_billing(lam):
         stub.add_response("invoke", response, {"FunctionName": "dorylus-tensor",
                                                "InvocationType": "RequestResponse", "LogType": "Tail",
                                                "Payload": matcher})
-        pool._safe_run(msg)
+        pool.run_task(msg)
         stub.assert_no_pending_responses()
     (reply,) = _results(t, msg.partition)
     ref, ref_grads = execute(models.from_spec(msg.meta["model"]), msg, unflatten(weights[msg.version]))
@@ -114,7 +114,7 @@ def test_request_shape_result_and_billing(lam):
     assert st["retries"] == 0 and st["bytes_sent"] > 0 and st["bytes_received"] > 0
     # a relaunched duplicate of a task that already succeeded is not invoked again (Stubber has nothing queued)
     with Stubber(lam):
-        pool._safe_run(msg.replace(meta={**msg.meta, "attempt": 1}))
+        pool.run_task(msg.replace(meta={**msg.meta, "attempt": 1}))
     assert pool.stats()["duplicates_skipped"] == 1 and pool.stats()["invocations"] == 1
 
 
@@ -145,7 +145,7 @@ def test_s3_offload_above_6mb(lam):
             assert set(event["input"]) == {"s3"} and event["input"]["s3"]["bucket"] == BUCKET
             key = event["input"]["s3"]["key"]
             assert key.startswith("tensor-workers/r1/in/AV-e0-s1-i0-p0-a0-")
-            assert s3.head_object(Bucket=BUCKET, Key=key)["ContentLength"] > LH.INVOKE_LIMIT_BYTES
+            assert s3.head_object(Bucket=BUCKET, Key=key)["ContentLength"] > lambda_events.INVOKE_LIMIT_BYTES
             assert set(event["weights"]) == {"s3"}
             assert event["weights"]["s3"]["key"] == "tensor-workers/r1/weights/v0.arrow"
             assert event["output"]["s3"]["prefix"].startswith("tensor-workers/r1/out/AV-e0-s1-i0-p0-a0-")
@@ -156,7 +156,7 @@ def test_s3_offload_above_6mb(lam):
         with Stubber(lam) as stub:
             stub.add_response("invoke", response, {"FunctionName": ANY, "InvocationType": ANY, "LogType": ANY,
                                                    "Payload": matcher})
-            pool._safe_run(msg)
+            pool.run_task(msg)
             stub.assert_no_pending_responses()
         (reply,) = _results(t, 0)
         assert reply.kind == "AV", reply.meta.get("error")
@@ -176,8 +176,8 @@ def test_oversized_payload_without_bucket_is_a_clear_error(lam):
     t = MemoryTransport()
     pool = _pool(t, msg.meta["model"], weights, lam, compression=None)
     with Stubber(lam) as stub:  # nothing queued: any invoke would fail the test
-        pool._safe_run(msg)
-        pool._safe_run(msg.replace(interval=1))
+        pool.run_task(msg)
+        pool.run_task(msg.replace(interval=1))
         stub.assert_no_pending_responses()
     r1, r2 = _results(t, 0)
     assert r1.kind == "ERROR" and r1.meta["retryable"] is False and r1.meta["error_type"] == "PayloadTooLarge"
@@ -197,7 +197,7 @@ def test_throttling_is_retried_with_capped_backoff(lam):
             stub.add_client_error("invoke", "TooManyRequestsException", "Rate exceeded", 429)
         stub.add_response("invoke", response, {"FunctionName": ANY, "InvocationType": ANY, "LogType": ANY,
                                                "Payload": RunsHandler(response)})
-        pool._safe_run(msg)
+        pool.run_task(msg)
         stub.assert_no_pending_responses()
     (reply,) = _results(t, msg.partition)
     assert reply.kind == "AV"
@@ -214,7 +214,7 @@ def test_throttling_gives_up_after_bounded_retries(lam):
     with Stubber(lam) as stub:
         for _ in range(3):
             stub.add_client_error("invoke", "TooManyRequestsException", "Rate exceeded", 429)
-        pool._safe_run(msg)  # a 4th call would find the Stubber empty and fail
+        pool.run_task(msg)  # a 4th call would find the Stubber empty and fail
         stub.assert_no_pending_responses()
     (reply,) = _results(t, msg.partition)
     assert reply.kind == "ERROR" and reply.meta["retryable"] is False
@@ -231,7 +231,7 @@ def test_function_errors_are_retried_then_surfaced(lam):
     with Stubber(lam) as stub:
         stub.add_response("invoke", invoke_response(crash, 900000, function_error="Unhandled"))
         stub.add_response("invoke", invoke_response(crash, 900000, function_error="Unhandled"))
-        pool._safe_run(msg)
+        pool.run_task(msg)
         stub.assert_no_pending_responses()
     (reply,) = _results(t, msg.partition)
     assert reply.kind == "ERROR" and "Sandbox.Timedout" in reply.meta["error"] and "timed out" in reply.meta["error"]
@@ -244,8 +244,9 @@ def test_handler_errors_are_surfaced_without_retry(lam):
     t = MemoryTransport()
     pool = _pool(t, msg.meta["model"], weights, lam)
     with Stubber(lam) as stub:
-        stub.add_response("invoke", invoke_response(LH.error_response("InvalidTask", "AV task: 'h' is wrong")))
-        pool._safe_run(msg)
+        error = lambda_events.error_response("InvalidTask", "AV task: 'h' is wrong")
+        stub.add_response("invoke", invoke_response(error))
+        pool.run_task(msg)
         stub.assert_no_pending_responses()
     (reply,) = _results(t, msg.partition)
     assert reply.kind == "ERROR" and reply.meta["error"] == "InvalidTask: AV task: 'h' is wrong"
@@ -258,8 +259,8 @@ def test_missing_function_at_invoke_stops_all_invocations(lam):
     pool = _pool(t, msg.meta["model"], weights, lam)
     with Stubber(lam) as stub:
         stub.add_client_error("invoke", "ResourceNotFoundException", "Function not found: dorylus-tensor", 404)
-        pool._safe_run(msg)
-        pool._safe_run(msg.replace(interval=1))  # not invoked: the first error was fatal
+        pool.run_task(msg)
+        pool.run_task(msg.replace(interval=1))  # not invoked: the first error was fatal
         stub.assert_no_pending_responses()
     r1, r2 = _results(t, msg.partition)
     assert "ResourceNotFoundException" in r1.meta["error"] and "Function not found" in r1.meta["error"]

@@ -2,30 +2,34 @@
 references (inline, S3, Kafka); validation and structured errors; import isolation; the tensor_batch schema."""
 from __future__ import annotations
 
+import ast
 import base64
 import json
 import subprocess
 import sys
 import types
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 import schemas
 from ops import lambda_handler as LH
-from ops import models
+from ops import models, refs
 from pipelines.engine.param_server import unflatten
 from pipelines.engine.tensor_worker import execute
-from tests.test_lambda_support import aws_env, capture  # noqa: F401  (fixture)
+from schemas import lambda_events as LE
+from tests.support.lambda_tasks import capture
 
+REPO = Path(__file__).resolve().parents[1]
 KINDS = {("gcn", "ga-first"): ("AV", "LAST", "AV_BWD"), ("gcn", "auto"): ("AV", "LOSS", "AV_BWD"),
          ("gat", "auto"): ("AV", "AE", "LOSS", "AE_BWD", "AV_BWD")}
 
 
 def _event(msg, flat_weights, output=None, compression=None):
-    task = LH.encode_task(msg.kind, msg.epoch, msg.stage, msg.interval, msg.partition, msg.version, msg.arrays,
+    task = LE.encode_task(msg.kind, msg.epoch, msg.stage, msg.interval, msg.partition, msg.version, msg.arrays,
                           msg.meta, compression=compression)
-    return LH.make_event(LH.inline(task), LH.inline(LH.encode_weights(msg.version, flat_weights)), output,
+    return LE.make_event(LE.inline(task), LE.inline(LE.encode_weights(msg.version, flat_weights)), output,
                          kind=msg.kind)
 
 
@@ -48,7 +52,7 @@ def test_handler_equals_local_pool(model, order):
             assert resp["task"] == {"kind": kind, "epoch": msg.epoch, "stage": msg.stage, "interval": msg.interval,
                                     "partition": msg.partition, "version": msg.version,
                                     "attempt": msg.meta.get("attempt", 0)}
-            arrays, grads, scalars = LH.decode_result(resp)
+            arrays, grads, scalars = LE.decode_result(resp)
             assert sorted(arrays) == sorted(ref.arrays)
             for k, v in ref.arrays.items():
                 assert arrays[k].dtype == v.dtype and arrays[k].shape == v.shape
@@ -63,11 +67,43 @@ def test_handler_equals_local_pool(model, order):
     assert seen == set(KINDS[(model, order)])
 
 
-def test_import_does_not_pull_pipelines_or_boto3():
-    code = ("import sys, ops.lambda_handler; bad = sorted(m for m in sys.modules if m == 'pipelines' or "
+@pytest.mark.parametrize("module", ["ops.lambda_handler", "ops.refs"])
+def test_import_does_not_pull_pipelines_or_boto3(module):
+    code = (f"import sys, {module}; bad = sorted(m for m in sys.modules if m == 'pipelines' or "
             "m.startswith('pipelines.') or m in ('boto3', 'botocore', 'kafka')); print(bad); sys.exit(bool(bad))")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+NETWORK_MODULES = {"boto3", "botocore", "kafka", "socket", "urllib", "http", "requests", "ssl"}
+
+
+def _imports(path: Path) -> tuple[set, set]:
+    """Top-level package names a module imports at module level, and inside functions."""
+    tree = ast.parse(path.read_text())
+    top, inner = set(), set()
+    for node in ast.walk(tree):
+        names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                 [node.module or "."] if isinstance(node, ast.ImportFrom) and not node.level else [])
+        for name in names:
+            (top if node in tree.body else inner).add(name.split(".")[0])
+    return top, inner
+
+
+def test_handler_and_refs_import_only_what_the_lambda_image_has():
+    """ops/lambda_handler.py imports only ops, schemas, numpy, jax, pyarrow (and the standard library); ops/refs.py,
+    the only ops module that touches the network, imports boto3/kafka lazily, inside the functions that need them;
+    no other ops module imports a network client."""
+    stdlib = set(sys.stdlib_module_names) - NETWORK_MODULES
+    top, inner = _imports(REPO / "ops" / "lambda_handler.py")
+    assert (top | inner) - stdlib <= {"ops", "schemas", "numpy", "jax", "pyarrow", "__future__"}
+    top, inner = _imports(REPO / "ops" / "refs.py")
+    assert top - stdlib <= {"ops", "schemas", "__future__"} and inner - stdlib == {"boto3", "kafka"}
+    others = [p for p in (REPO / "ops").glob("*.py") if p.name != "refs.py"]
+    assert len(others) >= 5
+    for p in others:
+        top, inner = _imports(p)
+        assert not (top | inner) & NETWORK_MODULES, p.name
 
 
 # ----------------------------------------------------------------------------------------------- references
@@ -81,11 +117,11 @@ def test_s3_input_weights_and_output(aws_env):
     with mock_aws():
         s3 = boto3.client("s3")
         s3.create_bucket(Bucket="dorylus-b")
-        task = LH.encode_task(msg.kind, msg.epoch, msg.stage, msg.interval, msg.partition, msg.version, msg.arrays,
+        task = LE.encode_task(msg.kind, msg.epoch, msg.stage, msg.interval, msg.partition, msg.version, msg.arrays,
                               msg.meta)
         s3.put_object(Bucket="dorylus-b", Key="in/t.arrow", Body=task)
-        s3.put_object(Bucket="dorylus-b", Key="w/v.arrow", Body=LH.encode_weights(msg.version, weights[msg.version]))
-        ev = LH.make_event({"s3": {"bucket": "dorylus-b", "key": "in/t.arrow"}},
+        s3.put_object(Bucket="dorylus-b", Key="w/v.arrow", Body=LE.encode_weights(msg.version, weights[msg.version]))
+        ev = LE.make_event({"s3": {"bucket": "dorylus-b", "key": "in/t.arrow"}},
                            {"s3": {"bucket": "dorylus-b", "key": "w/v.arrow"}},
                            {"inline_limit": 1000, "s3": {"bucket": "dorylus-b", "prefix": "out/t/"}})
         r1 = LH.handler(ev)
@@ -93,11 +129,11 @@ def test_s3_input_weights_and_output(aws_env):
         assert r1["result"] == {"s3": {"bucket": "dorylus-b", "key": "out/t/result.arrow"},
                                 "bytes": r1["result"]["bytes"]}
         assert not r1["stats"]["weights_cached"]
-        arrays, _, _ = LH.decode_result(r1)
+        arrays, _, _ = LE.decode_result(r1, fetch=refs.fetch_ref)
         np.testing.assert_allclose(arrays["h"], ref.arrays["h"], atol=1e-6)
         r2 = LH.handler(ev)  # a warm function keeps the weight version
         assert r2["ok"] and r2["stats"]["weights_cached"]
-        missing = LH.handler(LH.make_event({"s3": {"bucket": "dorylus-b", "key": "nope"}}, ev["weights"]))
+        missing = LH.handler(LE.make_event({"s3": {"bucket": "dorylus-b", "key": "nope"}}, ev["weights"]))
         assert missing["ok"] is False and missing["error"]["type"] == "StorageError"
         assert "s3://dorylus-b/nope" in missing["error"]["message"] and missing["error"]["retryable"] is False
 
@@ -106,7 +142,7 @@ def test_kafka_input(monkeypatch):
     """A Kafka reference is read at (topic, partition, offset) with kafka-python (a fake one here)."""
     tasks, weights, _ = capture("gcn", "ga-first")
     msg = tasks["AV"][0]
-    task = LH.encode_task(msg.kind, msg.epoch, msg.stage, msg.interval, msg.partition, msg.version, msg.arrays,
+    task = LE.encode_task(msg.kind, msg.epoch, msg.stage, msg.interval, msg.partition, msg.version, msg.arrays,
                           msg.meta)
     log = {("tensor", 0): [b"x", b"y", task]}
     calls = []
@@ -140,12 +176,12 @@ def test_kafka_input(monkeypatch):
 
     monkeypatch.setitem(sys.modules, "kafka", types.SimpleNamespace(KafkaConsumer=KafkaConsumer,
                                                                      TopicPartition=TopicPartition))
-    wref = LH.inline(LH.encode_weights(msg.version, weights[msg.version]))
-    ok = LH.handler(LH.make_event({"kafka": {"bootstrap": "h:9092", "topic": "tensor", "partition": 0, "offset": 2}},
+    wref = LE.inline(LE.encode_weights(msg.version, weights[msg.version]))
+    ok = LH.handler(LE.make_event({"kafka": {"bootstrap": "h:9092", "topic": "tensor", "partition": 0, "offset": 2}},
                                   wref))
     assert ok["ok"], ok
     assert calls[0]["bootstrap_servers"] == "h:9092"
-    bad = LH.handler(LH.make_event({"kafka": {"bootstrap": "h:9092", "topic": "tensor", "partition": 0,
+    bad = LH.handler(LE.make_event({"kafka": {"bootstrap": "h:9092", "topic": "tensor", "partition": 0,
                                               "offset": 0}}, wref))
     assert bad["error"]["type"] == "InvalidInput" and "not an Arrow IPC stream" in bad["error"]["message"]
 
@@ -182,14 +218,14 @@ def test_malformed_events():
         ({**ev, "input": {"inline": "a", "s3": {}}}, "InvalidEvent", "exactly one"),
         ({**ev, "input": {"s3": {"bucket": "b"}}}, "InvalidEvent", "key"),
         ({**ev, "input": {"kafka": {"topic": "t"}}}, "InvalidEvent", "bootstrap"),
-        ({**ev, "input": LH.inline(b"not arrow")}, "InvalidInput", "Arrow"),
+        ({**ev, "input": LE.inline(b"not arrow")}, "InvalidInput", "Arrow"),
         ({**ev, "input": ev["weights"]}, "InvalidInput", "expected a tensor_batch"),
         ({**ev, "task": "GA"}, "InvalidTask", "unknown task"),
         ({**ev, "task": "AE"}, "InvalidTask", "names task 'AE'"),
         ({**ev, "output": {"inline_limit": -1}}, "InvalidEvent", "inline_limit"),
         ({**ev, "output": {"compression": "rar"}}, "InvalidEvent", "compression"),
         ({**ev, "output": {"inline_limit": 100}}, "OutputTooLarge", "no output.s3"),
-        ({**ev, "input": {"inline": "A" * (LH.INVOKE_LIMIT_BYTES * 2 + 4)}}, "PayloadTooLarge", "more than"),
+        ({**ev, "input": {"inline": "A" * (LE.INVOKE_LIMIT_BYTES * 2 + 4)}}, "PayloadTooLarge", "more than"),
     ]
     for event, typ, text in cases:
         t, m = _err(LH.handler(event, None))
@@ -212,7 +248,7 @@ def test_invalid_tasks_and_weights():
         (_event(msg.replace(meta={**msg.meta, "model": {"name": "mlp"}}), w), "InvalidTask", "model spec"),
         (_event(msg.replace(meta={**msg.meta, "seed": -3}), w), "InvalidTask", "seed"),
         ({**_event(msg.replace(version=msg.version + 5), w),
-          "weights": LH.inline(LH.encode_weights(msg.version, w))}, "InvalidWeights", "the task needs version"),
+          "weights": LE.inline(LE.encode_weights(msg.version, w))}, "InvalidWeights", "the task needs version"),
         (_event(msg, {k: v for k, v in w.items() if not k.endswith("/w")}), "InvalidWeights", "lack"),
         (_event(msg, {k: (v[:3] if k.endswith("/w") else v) for k, v in w.items()}), "InvalidWeights", "shape"),
         (_event(msg, {"noslash": next(iter(w.values()))}), "InvalidWeights", "stage/param"),
@@ -243,14 +279,14 @@ def test_invalid_tasks_and_weights():
 def test_kafka_and_s3_without_clients(monkeypatch):
     """Without kafka-python or boto3 installed, a reference that needs them is a clear error."""
     tasks, weights, msg = _good()
-    wref = LH.inline(LH.encode_weights(msg.version, weights[msg.version]))
+    wref = LE.inline(LE.encode_weights(msg.version, weights[msg.version]))
     monkeypatch.setitem(sys.modules, "kafka", None)
     monkeypatch.setitem(sys.modules, "boto3", None)
-    LH._clients.clear()
-    t, m = _err(LH.handler(LH.make_event({"kafka": {"bootstrap": "h:1", "topic": "t", "partition": 0, "offset": 0}},
+    refs.reset_clients()
+    t, m = _err(LH.handler(LE.make_event({"kafka": {"bootstrap": "h:1", "topic": "t", "partition": 0, "offset": 0}},
                                          wref)))
     assert t == "DependencyMissing" and "kafka-python" in m
-    t, m = _err(LH.handler(LH.make_event({"s3": {"bucket": "b", "key": "k"}}, wref)))
+    t, m = _err(LH.handler(LE.make_event({"s3": {"bucket": "b", "key": "k"}}, wref)))
     assert t == "DependencyMissing" and "boto3" in m
 
 

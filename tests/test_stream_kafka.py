@@ -15,7 +15,6 @@ from pipelines.continuous.replay import replay
 from pipelines.continuous.stream import Stream, StreamOptions, read_applied
 from schemas import decode_control
 from schemas.events import encode_events, events_batch
-from tests.kafka_fixtures import kafka_bootstrap  # noqa: F401  (pytest fixture)
 
 pytestmark = pytest.mark.kafka
 

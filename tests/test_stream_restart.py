@@ -20,7 +20,6 @@ from pipelines.continuous import checkpoint as ckpt
 from pipelines.continuous.replay import dataset_slices, replay
 from pipelines.continuous.state import StreamGraph
 from pipelines.continuous.stream import read_applied
-from tests.kafka_fixtures import kafka_bootstrap  # noqa: F401  (pytest fixture)
 
 pytestmark = pytest.mark.kafka
 

@@ -1,6 +1,6 @@
 """`dorylus prepare ...` and `dorylus infer ...`: the Beam pipelines as subcommands of the project CLI.
 
-Every argument after `prepare` (`infer`) goes to pipelines.beam.prepare (pipelines.beam.infer): its own flags,
+Every argument after `prepare` (`infer`) goes to pipelines.beam.prepare.run (pipelines.beam.infer.run): its own flags,
 then Beam's PipelineOptions; `dorylus prepare --help` (`dorylus infer --help`) prints them.
 """
 from __future__ import annotations

@@ -43,7 +43,6 @@ import logging
 import os
 import shutil
 import sys
-import uuid
 from pathlib import Path
 from typing import NamedTuple
 
@@ -52,13 +51,17 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 import apache_beam as beam
-from apache_beam import pvalue
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from ops import params as P
 from ops.spec import ModelSpec
-from pipelines.beam.prepare import STATS_FILE, Stat, StatsFn, _write_stats, _write_table, engine_flags, shard_name
+from pipelines.beam.combiners import Stat, StatsFn
+from pipelines.beam.runners import RunnerUnavailable, add_engine_arguments, engine_flags
+from pipelines.beam.writers import check_output, read_stats, shard_name, staged_output, write_json, write_stats, \
+    write_table
+from pipelines.config import ConfigError
 from pipelines.data.graph import DataError
+from pipelines.data.prepared import read_manifest
 from schemas import files as file_schemas
 from schemas.tasks import StageKind
 
@@ -352,7 +355,7 @@ class _WritePredictions(beam.DoFn):
         emb = None if pieces[0][2] is None else np.concatenate([p[2] for p in pieces])[order]
         table = file_schemas.predictions_table(ids[order], pred, emb)
         name = shard_name(shard)
-        meta = _write_table(table, os.path.join(self.root, "predictions", name))
+        meta = write_table(table, os.path.join(self.root, "predictions", name))
         yield Stat("list:files", 1, {"shard": shard, "path": f"predictions/{name}", **meta})
         yield Stat("vertices", int(ids.size))
 
@@ -427,7 +430,7 @@ def build(p: beam.Pipeline, plan: Plan, root: str) -> None:
         p
         | "Infer" >> Infer(plan, root)
         | "MergeStats" >> beam.CombineGlobally(StatsFn())
-        | "WriteStats" >> beam.Map(_write_stats, root=root)
+        | "WriteStats" >> beam.Map(write_stats, root=root)
     )
 
 
@@ -506,58 +509,49 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--output-shards", type=int, metavar="S",
                     help="prediction files (default: the prepared graph's partitions, else 1)")
     ap.add_argument("--no-embeddings", action="store_true", help="write vertex and prediction only")
-    ap.add_argument("--engine", choices=("direct", "flink"),
-                    help="shorthand for the runner flags of pipelines.beam.runners.runner_options")
-    ap.add_argument("--workers", type=int, metavar="N",
-                    help="--engine direct: worker processes; --engine flink: parallelism")
+    add_engine_arguments(ap)
     return ap
 
 
+def _plan_input(prepared, dataset, data_dir, cfg, tmp: Path) -> tuple[str, list, int, int, dict]:
+    """(shards root, partition entries, N, F, input record) of a prepared graph, or of a dataset written as one
+    vertex shard and one edge shard under ``tmp/_input``."""
+    if prepared is not None:
+        manifest = read_manifest(prepared)
+        root = str(Path(prepared).absolute())
+        return root, manifest["partitions"], manifest["num_vertices"], manifest["feature_dim"], {"prepared": root}
+    from pipelines.data.registry import load_dataset
+
+    graph = load_dataset(dataset, data_dir or cfg.data_dir, seed=cfg.seed)
+    entries = _dataset_shards(graph, tmp / "_input")
+    return (str(tmp / "_input"), entries, graph.num_nodes, graph.feature_dim,
+            {"dataset": dataset or "(default planted graph)"})
+
+
 def run(argv: list[str] | None = None) -> dict:
-    """Run inference; returns the infer.json record. Raises DataError on bad input (nothing is left in --out)."""
+    """Run inference on ``argv`` (app flags, then Beam's); returns the infer.json record. Raises DataError on bad
+    input (nothing is left in --out)."""
     args, pipeline_args = build_parser().parse_known_args(argv)
     if args.block_size < 1:
         raise DataError(f"--block-size must be >= 1, got {args.block_size}")
     if args.output_shards is not None and args.output_shards < 1:
         raise DataError(f"--output-shards must be >= 1, got {args.output_shards}")
     out = Path(args.out).absolute()
-    if out.exists() and not args.overwrite and (not out.is_dir() or any(out.iterdir())):
-        raise DataError(f"--out {out} exists; pass --overwrite to replace it")
+    check_output(out, args.overwrite)
     cfg, params = load_run(args.run)
     prepared, dataset = args.prepared, args.dataset
     if prepared is None and dataset is None:
         prepared, dataset = cfg.prepared, cfg.dataset
     pipeline_args = engine_flags(args.engine, args.workers, pipeline_args)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f"{out.name}.tmp-{uuid.uuid4().hex[:12]}")
-    tmp.mkdir()
-    try:
-        if prepared is not None:
-            from pipelines.beam.shards import read_manifest
-
-            manifest = read_manifest(prepared)
-            root, entries = str(Path(prepared).absolute()), manifest["partitions"]
-            n, f = manifest["num_vertices"], manifest["feature_dim"]
-            source = {"prepared": str(Path(prepared).absolute())}
-        else:
-            from pipelines.data.registry import load_dataset
-
-            graph = load_dataset(dataset, args.data_dir or cfg.data_dir, seed=cfg.seed)
-            entries = _dataset_shards(graph, tmp / "_input")
-            root, n, f = str(tmp / "_input"), graph.num_nodes, graph.feature_dim
-            source = {"dataset": dataset or "(default planted graph)"}
-            del graph
+    with staged_output(out, args.overwrite) as tmp:
+        root, entries, n, f, source = _plan_input(prepared, dataset, args.data_dir, cfg, tmp)
         model, num_classes = build_checked_model(cfg, params, f)
         plan = Plan(root, list(entries), n, f, num_classes, cfg.model, cfg.feature_norm, segments(model), params,
                     args.block_size, args.output_shards or max(1, len(entries)) if prepared else
                     (args.output_shards or 1), not args.no_embeddings)
         with beam.Pipeline(options=PipelineOptions(pipeline_args)) as p:
             build(p, plan, str(tmp))
-        stats_path = tmp / STATS_FILE
-        if not stats_path.is_file():
-            raise RuntimeError(f"the pipeline finished without writing {stats_path}")
-        stats = json.loads(stats_path.read_text())
-        stats_path.unlink()
+        stats = read_stats(tmp)
         shutil.rmtree(tmp / "_input", ignore_errors=True)
         files = sorted(stats.get("list:files", (0, []))[1], key=lambda x: x["shard"])
         done = int(stats.get("vertices", (0,))[0])
@@ -573,15 +567,7 @@ def run(argv: list[str] | None = None) -> dict:
             "flags": dict(vars(args)), "pipeline_args": list(pipeline_args),
             "created_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         }
-        rtmp = tmp / "infer.json.tmp"
-        rtmp.write_text(json.dumps(record, indent=1) + "\n")
-        os.replace(rtmp, tmp / "infer.json")
-        from pipelines.beam.prepare import _commit
-
-        _commit(tmp, out, args.overwrite)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        write_json(tmp / "infer.json", record)
     log.info("predicted %d vertices (%d classes) -> %s", n, num_classes, out)
     return record
 
@@ -608,9 +594,6 @@ def summary_line(record: dict, out: str) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    from pipelines.beam.runners import RunnerUnavailable
-    from pipelines.config import ConfigError
-
     try:
         args, _ = build_parser().parse_known_args(argv)
         record = run(argv)

@@ -4,7 +4,8 @@
     options = PipelineOptions(runner_options("flink", ["--parallelism=2"]))
 
 ``runner_options(runner, extra_argv)`` returns the runner's flags followed by ``extra_argv`` (argparse keeps the
-last value of a flag, so anything in ``extra_argv`` overrides a default here).
+last value of a flag, so anything in ``extra_argv`` overrides a default here). The pipelines' ``--engine`` and
+``--workers`` shorthands are :func:`add_engine_arguments` and :func:`engine_flags`.
 
 Flink runs as Beam's portable FlinkRunner: Python starts the Beam Flink job server (a Java process) with
 ``--flink_master=[local]``, which runs an embedded Flink mini cluster; ``--environment_type=LOOPBACK`` runs the
@@ -142,3 +143,24 @@ def runner_options(runner: str, extra_argv: Sequence[str] = (), *, num_workers: 
             flags.append(f"--job_endpoint={shared_flink_job_endpoint(flags)}")
         return flags + extra
     raise ValueError(f"unknown runner {runner!r}; expected one of {', '.join(RUNNERS)}")
+
+
+def add_engine_arguments(ap) -> None:
+    """The ``--engine``/``--workers`` shorthand flags of the project's pipelines (see :func:`engine_flags`)."""
+    ap.add_argument("--engine", choices=RUNNERS,
+                    help="shorthand for the runner flags of pipelines.beam.runners.runner_options")
+    ap.add_argument("--workers", type=int, metavar="N",
+                    help="with --engine direct: N worker processes (multi-processing mode); with --engine flink: "
+                         "the parallelism")
+
+
+def engine_flags(engine: str | None, workers: int | None, pipeline_args: Sequence[str]) -> list[str]:
+    """--engine/--workers -> Beam flags (:func:`runner_options`), then the caller's Beam flags."""
+    if not engine:
+        if workers:
+            engine = "direct"
+        else:
+            return list(pipeline_args)
+    if engine == "direct":
+        return runner_options("direct", pipeline_args, num_workers=workers)
+    return runner_options(engine, pipeline_args, parallelism=workers)

@@ -1,4 +1,5 @@
-"""Graph data: the in-memory graph record, loaders, synthetic generators and the dataset registry."""
+"""Graph data: the in-memory graph record, loaders, synthetic generators, the dataset registry and the reader of
+prepared graphs (prepared.py: the Beam prepare pipeline's shards, read without Beam)."""
 from pipelines.data.graph import Graph, DataError
 from pipelines.data.npz import load_npz
 from pipelines.data.planetoid import load_planetoid

@@ -2,7 +2,8 @@
 
 It consumes the tensor channel like the local pool (weight versions from the weights channel, replies on the graph
 server's result channel, dW to the parameter server) and runs every task as one synchronous (RequestResponse)
-invocation of the function whose handler is `ops.lambda_handler.handler`:
+invocation of the function whose handler is `ops.lambda_handler.handler` (events and responses:
+`schemas/lambda_events.py`):
 
 - bounded concurrency: a set of invoker threads (fixed `concurrency`, or autotuned from the task backlog, starting
   at min(#intervals, 100) as Dorylus does);
@@ -35,15 +36,16 @@ import uuid
 
 import numpy as np
 
-from ops import lambda_handler as LH
+from ops import refs
 from pipelines.config import ConfigError
 from pipelines.engine.autotune import Autotuner
 from pipelines.engine.messages import EngineError
 from ops.params import flatten, stage_slice, stages_of
 from pipelines.engine.pools import MAX_WORKERS, QueuedPool, autotune_start
+from schemas import lambda_events as events
 from schemas.tasks import Channel, Message, TaskKind
 
-INVOKE_LIMIT = LH.INVOKE_LIMIT_BYTES - 16 * 1024   # headroom for the event's JSON around the payload
+INVOKE_LIMIT = events.INVOKE_LIMIT_BYTES - 16 * 1024   # headroom for the event's JSON around the payload
 WEIGHTS_INLINE_LIMIT = 1024 * 1024                  # larger weight versions go to S3 (once per version)
 THROTTLE_CODES = {"TooManyRequestsException", "ThrottlingException", "Throttling", "RequestLimitExceeded",
                   "EC2ThrottledException", "SlowDown"}
@@ -213,7 +215,7 @@ class AwsLambdaPool(QueuedPool):
 
     def _fetch(self, ref: dict, what: str) -> bytes:
         if "s3" not in ref:
-            return LH.fetch_ref(ref, what)
+            return refs.fetch_ref(ref, what)
         from botocore.exceptions import BotoCoreError, ClientError
 
         if self.s3 is None:
@@ -246,9 +248,9 @@ class AwsLambdaPool(QueuedPool):
             if ref is not None:
                 return ref
         params = self.weights.get(version, self.weight_timeout)
-        data = LH.encode_weights(version, flatten(params), self.run_id, self.compression)
+        data = events.encode_weights(version, flatten(params), self.run_id, self.compression)
         if len(data) * 4 // 3 <= self.weights_inline_limit or not self.bucket:
-            ref = LH.inline(data)
+            ref = events.inline(data)
         else:
             ref = self._put(self._key("weights", f"v{version}.arrow"), data)
         with self._wlock:
@@ -262,22 +264,22 @@ class AwsLambdaPool(QueuedPool):
 
     def build_event(self, msg: Message) -> tuple[dict, int]:
         """The invocation event for a task (S3 offload included) and its size in bytes."""
-        task = LH.encode_task(msg.kind, msg.epoch, msg.stage, msg.interval, msg.partition, msg.version, msg.arrays,
-                              msg.meta, self.run_id, self.compression)
+        task = events.encode_task(msg.kind, msg.epoch, msg.stage, msg.interval, msg.partition, msg.version,
+                                  msg.arrays, msg.meta, self.run_id, self.compression)
         wref = self._weights_ref(msg.version)
         tid = f"{msg.kind}-e{msg.epoch}-s{msg.stage}-i{msg.interval}-p{msg.partition}-" \
               f"a{msg.meta.get('attempt', 0)}-{uuid.uuid4().hex[:8]}"
         output = {"inline_limit": self.invoke_limit, "compression": self.compression}
         if self.bucket:
             output["s3"] = {"bucket": self.bucket, "prefix": self._key("out", tid) + "/"}
-        event = LH.make_event(LH.inline(task), wref, output, kind=msg.kind)
+        event = events.make_event(events.inline(task), wref, output, kind=msg.kind)
         size = len(json.dumps(event))
         if size > self.invoke_limit:
             if not self.bucket:
                 raise TaskFailed("PayloadTooLarge",
                                  f"task {msg.kind} (epoch {msg.epoch}, interval {msg.interval}, partition "
                                  f"{msg.partition}) is {size} bytes as an event, over Lambda's "
-                                 f"{LH.INVOKE_LIMIT_BYTES}-byte invoke limit, and no S3 bucket is configured "
+                                 f"{events.INVOKE_LIMIT_BYTES}-byte invoke limit, and no S3 bucket is configured "
                                  f"(--bucket) to pass it by reference", fatal=True)
             event["input"] = self._put(self._key("in", tid + ".arrow"), task)
             size = len(json.dumps(event))
@@ -406,7 +408,7 @@ class AwsLambdaPool(QueuedPool):
             finally:
                 if "s3" in event["input"] and not self.keep_objects:
                     self._delete(event["input"]["s3"]["bucket"], event["input"]["s3"]["key"])
-            arrays, grads, scalars = LH.decode_result(resp, fetch=self._fetch)
+            arrays, grads, scalars = events.decode_result(resp, fetch=self._fetch)
         except EngineError:
             raise
         except Exception as e:  # TaskFailed, a handler error, a response that does not decode

@@ -95,7 +95,7 @@ class QueuedPool(LocalPool):
             with self._lock:
                 self._running[k] = t0
             try:
-                self._safe_run(msg)
+                self.run_task(msg)
             finally:
                 with self._lock:
                     self.occupied_s += time.monotonic() - t0
@@ -107,7 +107,9 @@ class QueuedPool(LocalPool):
         with self._lock:
             return self.occupied_s + sum(now - t for t in self._running.values())
 
-    def _safe_run(self, msg) -> None:
+    def run_task(self, msg) -> None:
+        """Run one tensor task in the caller's thread (what each worker thread does with a task it takes): its
+        replies go out on the transport, an EngineError as an ERROR reply to the task's graph server."""
         try:
             self._run(msg)
         except EngineError as e:

@@ -1,8 +1,10 @@
 """Helpers for the Lambda tests (no tests here): real tensor tasks captured from short Cora runs, AWS fakes.
 
+- `cora()`: the Cora graph (the test skips where the datasets are missing).
 - `capture(model, order)`: every tensor task a 2-partition x 2-interval engine run sends, with the weight
   versions it used, captured by wrapping the in-memory transport.
-- `aws_env`: dummy credentials and region for moto; `no_aws_credentials`: an environment with none at all.
+- the fixtures `aws_env` (dummy credentials and region for moto) and `no_aws_credentials` (none at all) are in
+  tests/conftest.py.
 - `InProcessLambda`: makes a boto3 Lambda client run `ops.lambda_handler.handler` in this process for Invoke
   (moto's Lambda needs Docker to execute code), with an optional script of throttles and crashes.
 """
@@ -19,16 +21,18 @@ from pathlib import Path
 
 import pytest
 
-DATA = Path(__file__).resolve().parents[1].parent / "shared" / "datasets"
+from tests.support import datasets_dir
 
 
 @functools.lru_cache(maxsize=None)
 def cora():
+    """The Cora graph of the datasets folder (skips the test where it is missing)."""
     from pipelines.data.registry import load_dataset
 
-    if not (DATA / "planetoid").is_dir():
-        pytest.skip(f"Cora not found under {DATA}")
-    return load_dataset("cora", str(DATA))
+    data = datasets_dir()
+    if not (data / "planetoid").is_dir():
+        pytest.skip(f"Cora not found under {data}")
+    return load_dataset("cora", str(data))
 
 
 @functools.lru_cache(maxsize=None)
@@ -56,34 +60,6 @@ def capture(model: str, order: str = "auto", epochs: int = 2):
     cfg = TrainConfig(model=model, order=order, partitions=2, intervals=2, epochs=epochs).resolved()
     r = train_engine(cfg, cora(), transport=t)
     return dict(t.tasks), t.weights, r.summary
-
-
-@pytest.fixture
-def aws_env(monkeypatch):
-    for k, v in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_SESSION_TOKEN": "testing",
-                 "AWS_DEFAULT_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true"}.items():
-        monkeypatch.setenv(k, v)
-    monkeypatch.delenv("AWS_PROFILE", raising=False)
-    from ops import lambda_handler as LH
-
-    LH._clients.clear()
-    LH._WEIGHTS_CACHE.clear()
-    yield
-    LH._clients.clear()
-    LH._WEIGHTS_CACHE.clear()
-
-
-@pytest.fixture
-def no_aws_credentials(monkeypatch, tmp_path):
-    for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE",
-              "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI", "AWS_CONTAINER_CREDENTIALS_FULL_URI",
-              "AWS_WEB_IDENTITY_TOKEN_FILE", "AWS_ROLE_ARN"):
-        monkeypatch.delenv(k, raising=False)
-    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
-    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
-    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
-    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
-    yield
 
 
 def create_function(name="dorylus-tensor", memory=3008, zip_bytes: bytes | None = None):

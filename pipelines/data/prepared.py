@@ -1,4 +1,4 @@
-"""Read a prepared graph (the output of pipelines/beam/prepare.py) back into memory.
+"""Read a prepared graph (the output of the Beam prepare pipeline, pipelines/beam/prepare/) back, without Beam.
 
     adj, x, y, train, val, test, manifest = load_prepared("runs/g-prepared")
     graph = load_graph("runs/g-prepared")             # the project's Graph record (pipelines/data/graph.py)
@@ -10,7 +10,6 @@ sha256; a shard that is missing, changed or truncated raises :class:`ShardError`
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from typing import NamedTuple
@@ -20,14 +19,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import scipy.sparse as sp
 
-from pipelines.data.graph import DataError
-
-from schemas.files import SPLIT_CODES, validate_manifest
+from pipelines.data.graph import DataError, clean_adjacency, make_graph
+from pipelines.data.registry import sha256_file
+from schemas.files import (MANIFEST_FILE, PREPARED_FORMAT, PREPARED_FORMAT_VERSIONS, SPLIT_CODES, SPLIT_NAMES,
+                           validate_manifest)
 from schemas.messages import SchemaError
-
-FORMAT = "dorylus-prepared"
-FORMAT_VERSIONS = (2,)
-SPLIT_NAMES = ("train", "val", "test")
 
 
 class ShardError(DataError):
@@ -45,28 +41,21 @@ class Prepared(NamedTuple):
 
 
 def read_manifest(root: str | os.PathLike) -> dict:
-    path = os.path.join(root, "manifest.json")
+    """The validated manifest of a prepared directory; ShardError when it is missing or of another format."""
+    path = os.path.join(root, MANIFEST_FILE)
     if not os.path.isfile(path):
-        raise ShardError(f"{root}: no manifest.json (not a prepared graph, or an unfinished/failed prepare run)")
+        raise ShardError(f"{root}: no {MANIFEST_FILE} (not a prepared graph, or an unfinished/failed prepare run)")
     with open(path) as f:
         manifest = json.load(f)
-    if manifest.get("format") != FORMAT:
-        raise ShardError(f"{path}: format {manifest.get('format')!r}, expected {FORMAT!r}")
-    if manifest.get("format_version") not in FORMAT_VERSIONS:
+    if manifest.get("format") != PREPARED_FORMAT:
+        raise ShardError(f"{path}: format {manifest.get('format')!r}, expected {PREPARED_FORMAT!r}")
+    if manifest.get("format_version") not in PREPARED_FORMAT_VERSIONS:
         raise ShardError(f"{path}: format version {manifest.get('format_version')!r}; this reader knows "
-                         f"{list(FORMAT_VERSIONS)} (prepare the graph again)")
+                         f"{list(PREPARED_FORMAT_VERSIONS)} (prepare the graph again)")
     try:
         return validate_manifest(manifest)
     except SchemaError as e:
         raise ShardError(f"{path}: {e}") from None
-
-
-def _sha256(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def _read_shard(root, entry: dict, kind: str, verify: bool, columns=None) -> pa.Table:
@@ -76,7 +65,7 @@ def _read_shard(root, entry: dict, kind: str, verify: bool, columns=None) -> pa.
     if not os.path.isfile(path):
         raise ShardError(f"{path}: listed in the manifest but missing")
     if verify:
-        digest = _sha256(path)
+        digest = sha256_file(path)
         if digest != entry[f"{kind}_sha256"]:
             raise ShardError(f"{path}: sha256 {digest} does not match the manifest's {entry[f'{kind}_sha256']}")
     table = pq.read_table(path, columns=columns)
@@ -158,8 +147,6 @@ def _vertex_arrays(vertices: pa.Table, manifest: dict, n: int):
 
 def load_prepared(root: str | os.PathLike, verify: bool = True) -> Prepared:
     """(adj, features, labels, train_mask, val_mask, test_mask, manifest) of a prepared directory."""
-    from pipelines.data.graph import clean_adjacency
-
     edges, vertices, manifest, n = _columns(root, verify)
     adj = clean_adjacency(*_edge_list(edges), n)
     features, labels, masks = _vertex_arrays(vertices, manifest, n)
@@ -182,8 +169,6 @@ def partition_assignment(root: str | os.PathLike, verify: bool = True) -> np.nda
 
 def load_graph(root: str | os.PathLike, name: str | None = None, verify: bool = True):
     """The prepared graph as the project's :class:`pipelines.data.graph.Graph` (via ``make_graph``)."""
-    from pipelines.data.graph import make_graph
-
     edges, vertices, manifest, n = _columns(root, verify)
     src, dst = _edge_list(edges)
     del edges

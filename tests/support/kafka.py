@@ -1,8 +1,6 @@
-"""A real Kafka broker for the tests that need one.
+"""A real Kafka broker for the tests that need one, started by ``infra/local/kafka.sh`` (and for bench/kafka.py).
 
-Use in a test module::
-
-    from tests.kafka_fixtures import kafka_bootstrap, restart_broker  # noqa: F401  (pytest fixture)
+The fixtures that use it are in tests/conftest.py::
 
     pytestmark = pytest.mark.kafka
 
@@ -10,8 +8,8 @@ Use in a test module::
         producer = KafkaProducer(bootstrap_servers=kafka_bootstrap)
 
 ``kafka_bootstrap`` (session scope) is ``$DORYLUS_KAFKA_BOOTSTRAP`` when that is set (an external broker the
-tests do not own), else the bootstrap of a single-node Apache Kafka broker that ``infra/local/kafka.sh`` starts
-for this test session (in a private state dir, on a free port) and stops at the end of the session.
+tests do not own), else the bootstrap of a single-node Apache Kafka broker (:class:`LocalKafka`) started for this
+test session (in a private state dir, on a free port) and stopped at the end of the session.
 
 ``kafka_scram`` (session scope, started only when a test asks for it) is a second broker that behaves like Amazon
 MSK with SASL/SCRAM (``kafka.sh start --scram``): its client port is SASL_SSL with mechanism SCRAM-SHA-512 and a
@@ -23,10 +21,11 @@ self-signed certificate for 127.0.0.1/localhost. The fixture returns the broker'
 i.e. kafka-python's ``security_protocol``, ``sasl_mechanism``, ``sasl_plain_username``, ``sasl_plain_password``
 and ``ssl_cafile``.
 
-Fault tests stop and start that broker mid-test with ``restart_broker()`` (data dir and port kept), or with
-``stop_broker()`` / ``start_broker()`` to observe the outage in between. Against an external broker these
-helpers skip the test. Where Java is missing, or the jars are not cached and mvn is missing, tests that use
-the fixture skip (set ``DORYLUS_KAFKA_REQUIRED=1`` to make that an error instead).
+Fault tests stop and start that broker mid-test through the ``kafka_broker`` fixture (the session's
+:class:`LocalKafka`: ``restart()`` keeps data dir and port; ``stop(keep_data=True)`` / ``start()`` to observe the
+outage in between); against an external broker it skips the test. Where Java is missing, or the jars are not
+cached and mvn is missing, tests that use the fixtures skip (set ``DORYLUS_KAFKA_REQUIRED=1`` to make that an
+error instead).
 """
 
 from __future__ import annotations
@@ -38,25 +37,13 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
-import pytest
-
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 KAFKA_SH = REPO / "infra" / "local" / "kafka.sh"
 
-__all__ = [
-    "KAFKA_SH",
-    "LocalKafka",
-    "kafka_bootstrap",
-    "kafka_scram",
-    "local_broker",
-    "restart_broker",
-    "start_broker",
-    "stop_broker",
-]
+__all__ = ["KAFKA_SH", "KafkaUnavailable", "LocalKafka", "SessionBroker", "check_can_start"]
 
 
 class KafkaUnavailable(RuntimeError):
@@ -140,112 +127,44 @@ class LocalKafka:
                 shutil.rmtree(self.state_dir, ignore_errors=True)
 
 
-def _check_can_start(scram: bool = False) -> None:
+def check_can_start(scram: bool = False) -> None:
+    """KafkaUnavailable unless Java (keytool for SCRAM) and the jars (or mvn to fetch them) are here."""
     if shutil.which("java") is None:
         raise KafkaUnavailable("java not found on PATH")
     if scram and shutil.which("keytool") is None:
         raise KafkaUnavailable("keytool not found on PATH (needed for the SCRAM broker's certificate)")
-    cache = Path(os.environ["DORYLUS_CACHE"]) / "kafka" if os.environ.get("DORYLUS_CACHE") else REPO / ".cache" / "kafka"
+    base = os.environ.get("DORYLUS_CACHE")
+    cache = Path(base) / "kafka" if base else REPO / ".cache" / "kafka"
     version = os.environ.get("DORYLUS_KAFKA_VERSION", "4.1.2")
     if not (cache / version / "jars" / ".complete").exists() and shutil.which("mvn") is None:
         raise KafkaUnavailable(f"Kafka jars not cached in {cache / version} and mvn not found to fetch them")
 
 
-# ------------------------------------------------------------------------------------------ session singletons
-# One broker of each kind per test process, shared by every module that imports the fixtures (pytest makes one
-# fixture definition per importing module, so each broker is reference-counted here).
-_lock = threading.Lock()
-
-
-class _Shared:
-    """A broker started on first use and stopped when its last user lets go."""
+# ------------------------------------------------------------------------------------------ session broker
+class SessionBroker:
+    """A broker started on first use (:meth:`start`) and stopped by :meth:`close`: what the ``kafka_bootstrap``
+    and ``kafka_scram`` fixtures of tests/conftest.py hold for the whole test session."""
 
     def __init__(self, label: str, scram: bool):
         self.label, self.scram = label, scram
         self.broker: LocalKafka | None = None
-        self.refs = 0
 
-    def acquire(self) -> LocalKafka:
-        with _lock:
-            if self.broker is None:
-                _check_can_start(scram=self.scram)
-                broker = LocalKafka(scram=f"dorylus:{secrets.token_urlsafe(18)}" if self.scram else None)
-                try:
-                    broker.start()
-                except BaseException:
-                    broker.close()
-                    raise
-                print(f"\n[kafka_fixtures] started {self.label} at {broker.bootstrap} in {broker.startup_s:.1f}s "
-                      f"(state {broker.state_dir})", file=sys.stderr)
-                self.broker = broker
-            self.refs += 1
-            return self.broker
-
-    def release(self) -> None:
-        with _lock:
-            self.refs -= 1
-            if self.refs <= 0 and self.broker is not None:
-                broker, self.broker, self.refs = self.broker, None, 0
+    def start(self) -> LocalKafka:
+        """The running broker, started now if need be; KafkaUnavailable where Kafka cannot run here."""
+        if self.broker is None:
+            check_can_start(scram=self.scram)
+            broker = LocalKafka(scram=f"dorylus:{secrets.token_urlsafe(18)}" if self.scram else None)
+            try:
+                broker.start()
+            except BaseException:
                 broker.close()
-
-    def fixture_value(self, value):
-        """Yield value(broker) for a test; skip where Kafka cannot run (unless DORYLUS_KAFKA_REQUIRED=1)."""
-        try:
-            broker = self.acquire()
-        except KafkaUnavailable as e:
-            if os.environ.get("DORYLUS_KAFKA_REQUIRED") == "1":
                 raise
-            pytest.skip(f"no {self.label} broker: {e}")
-        try:
-            yield value(broker)
-        finally:
-            self.release()
+            print(f"\n[tests.support.kafka] started {self.label} at {broker.bootstrap} in {broker.startup_s:.1f}s "
+                  f"(state {broker.state_dir})", file=sys.stderr)
+            self.broker = broker
+        return self.broker
 
-
-_plain = _Shared("Kafka", scram=False)
-_scram = _Shared("SASL_SSL/SCRAM-SHA-512 Kafka", scram=True)
-
-
-def local_broker() -> LocalKafka | None:
-    """The broker this test process started, or None (external broker / none started yet)."""
-    return _plain.broker
-
-
-@pytest.fixture(scope="session")
-def kafka_bootstrap() -> str:
-    """Bootstrap servers (``host:port``) of a Kafka broker for this test session."""
-    external = os.environ.get("DORYLUS_KAFKA_BOOTSTRAP")
-    if external:
-        yield external
-        return
-    yield from _plain.fixture_value(lambda b: b.bootstrap)
-
-
-@pytest.fixture(scope="session")
-def kafka_scram() -> dict:
-    """An MSK-like SASL_SSL/SCRAM-SHA-512 broker for this test session (started only when a test asks): its
-    client.json as a dict (bootstrap, security_protocol, sasl_mechanism, username, password, cafile)."""
-    yield from _scram.fixture_value(lambda b: dict(b.client))
-
-
-def _managed() -> LocalKafka:
-    if os.environ.get("DORYLUS_KAFKA_BOOTSTRAP"):
-        pytest.skip("broker is external (DORYLUS_KAFKA_BOOTSTRAP); cannot stop/restart it")
-    if _plain.broker is None:
-        raise RuntimeError("no local broker: request the kafka_bootstrap fixture first")
-    return _plain.broker
-
-
-def restart_broker() -> str:
-    """Stop the session broker cleanly and start it again: same port, same data. Returns the bootstrap."""
-    return _managed().restart()
-
-
-def stop_broker(timeout_s: float = 30.0) -> None:
-    """Stop the session broker, keeping its data and port, until ``start_broker()``."""
-    _managed().stop(keep_data=True, timeout_s=timeout_s)
-
-
-def start_broker() -> str:
-    """Start the session broker again after ``stop_broker()`` (same port, same data)."""
-    return _managed().start()
+    def close(self) -> None:
+        if self.broker is not None:
+            broker, self.broker = self.broker, None
+            broker.close()

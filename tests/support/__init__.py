@@ -1,0 +1,13 @@
+"""Helpers shared by the tests (no tests here): a local Kafka broker (kafka.py), Kafka training runs
+(kafka_runs.py), captured tensor tasks and AWS fakes for the Lambda tests (lambda_tasks.py). Their fixtures are
+defined in tests/conftest.py; test modules import the plain helpers from here, never from another test module."""
+import os
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def datasets_dir() -> Path:
+    """The real datasets: $DORYLUS_DATA_DIR, else ../shared/datasets beside the repository."""
+    env = os.environ.get("DORYLUS_DATA_DIR")
+    return Path(env) if env else REPO.parent / "shared" / "datasets"

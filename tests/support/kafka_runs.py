@@ -1,0 +1,34 @@
+"""Kafka training runs for the fault and resume tests: the `dorylus train` command line of a 2-partition Cora run
+with one process per role, and its metrics.jsonl rows as they appear. The memory-engine run with the same
+settings (the numbers a Kafka run must give) is the ``uninterrupted_cora_run`` fixture of tests/conftest.py."""
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+EPOCHS = 10
+
+
+def train_argv(bootstrap, out, data_dir, run_id) -> list[str]:
+    """`dorylus train` over Kafka, every role a local process: GCN on Cora, 2 partitions x 4 intervals,
+    synchronous, EPOCHS epochs without early stopping."""
+    return [sys.executable, "-m", "pipelines.cli", "train", "--dataset", "cora", "--data-dir", str(data_dir),
+            "--model", "gcn", "--partitions", "2", "--intervals", "4", "--staleness", "none", "--epochs",
+            str(EPOCHS), "--patience", "0", "--transport", "kafka", "--bootstrap", bootstrap, "--spawn-local",
+            "--run-id", run_id, "--out", str(out), "--quiet"]
+
+
+def metrics_rows(out) -> list[dict]:
+    """The rows of ``out/metrics.jsonl`` written so far."""
+    path = out / "metrics.jsonl"
+    return [json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()] if path.exists() else []
+
+
+def wait_rows(out, n, proc, timeout=480) -> None:
+    """Wait until the run in ``proc`` has written ``n`` epochs (it must stay alive and make progress)."""
+    deadline = time.monotonic() + timeout
+    while len(metrics_rows(out)) < n:
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        assert time.monotonic() < deadline, "the run made no progress"
+        time.sleep(0.2)
