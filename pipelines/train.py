@@ -23,6 +23,9 @@ def build_model(cfg: TrainConfig, graph: Graph) -> models.Model:
     if cfg.model == "gcn":
         hidden = (cfg.hidden,) * (cfg.layers - 1)
         return models.gcn(graph.feature_dim, hidden, graph.num_classes, dropout=cfg.dropout, order=cfg.order)
+    if cfg.model == "sage":
+        hidden = (cfg.hidden,) * (cfg.layers - 1)
+        return models.sage(graph.feature_dim, hidden, graph.num_classes, dropout=cfg.dropout, order=cfg.order)
     return models.gat(graph.feature_dim, cfg.hidden, graph.num_classes, heads=cfg.heads, out_heads=cfg.out_heads,
                       layers=cfg.layers, dropout=cfg.dropout)
 
@@ -30,7 +33,8 @@ def build_model(cfg: TrainConfig, graph: Graph) -> models.Model:
 def model_inputs(cfg: TrainConfig, graph: Graph):
     """Features after the configured normalization, and the normalized adjacency the model gathers over.
 
-    GCN gathers over Â = D^-1/2 (A+I) D^-1/2; GAT over A+I with unit values (its weights are attention).
+    GCN gathers over Â = D^-1/2 (A+I) D^-1/2; GAT over A+I with unit values (its weights are attention);
+    GraphSAGE over Â too, taking its mean (D^-1 A) and self-loops from Â's structure.
     """
     x = row_normalize(graph.features) if cfg.feature_norm == "row" else graph.features
     a = gcn_normalize(graph.adj)

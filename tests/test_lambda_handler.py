@@ -19,7 +19,8 @@ from pipelines.engine.tensor_worker import execute
 from tests.test_lambda_support import aws_env, capture  # noqa: F401  (fixture)
 
 KINDS = {("gcn", "ga-first"): ("AV", "LAST", "AV_BWD"), ("gcn", "auto"): ("AV", "LOSS", "AV_BWD"),
-         ("gat", "auto"): ("AV", "AE", "LOSS", "AE_BWD", "AV_BWD")}
+         ("gat", "auto"): ("AV", "AE", "LOSS", "AE_BWD", "AV_BWD"),
+         ("sage", "auto"): ("AV", "LOSS", "AV_BWD")}
 
 
 def _event(msg, flat_weights, output=None, compression=None):

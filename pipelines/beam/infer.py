@@ -457,6 +457,8 @@ def build_checked_model(cfg, params: dict, feature_dim: int):
         raise DataError(f"the weights have no stage av{cfg.layers - 1} (stages: {sorted(params)}); "
                         f"they do not belong to a {cfg.layers}-layer {cfg.model}")
     num_classes = int(last.shape[1]) // (cfg.out_heads if cfg.model == "gat" else 1)
+    if cfg.model == "sage" and "loss" in params:  # an AV-first last layer writes [h W_self, h W_neigh]
+        num_classes //= 2
     model = build_model(cfg, types.SimpleNamespace(feature_dim=feature_dim, num_classes=num_classes))
     want = jax.eval_shape(model.init, jax.random.PRNGKey(0))
     problems = []

@@ -26,8 +26,8 @@ from pipelines.train import EarlyStopping, Evaluator, TrainResult, build_model, 
 
 def model_spec(cfg: TrainConfig, graph: Graph) -> dict:
     """The JSON-able description a stateless tensor worker rebuilds the model from."""
-    if cfg.model == "gcn":
-        return {"name": "gcn", "in_dim": graph.feature_dim, "hidden": [cfg.hidden] * (cfg.layers - 1),
+    if cfg.model in ("gcn", "sage"):
+        return {"name": cfg.model, "in_dim": graph.feature_dim, "hidden": [cfg.hidden] * (cfg.layers - 1),
                 "num_classes": graph.num_classes, "dropout": cfg.dropout, "order": cfg.order}
     return {"name": "gat", "in_dim": graph.feature_dim, "hidden": cfg.hidden, "num_classes": graph.num_classes,
             "heads": cfg.heads, "out_heads": cfg.out_heads, "layers": cfg.layers, "dropout": cfg.dropout}
