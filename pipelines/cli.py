@@ -94,6 +94,7 @@ def _train_flags(p: argparse.ArgumentParser) -> None:
 
 def cmd_train(args) -> int:
     from pipelines import rundir
+    from pipelines.data.graph import check_trainable
     from pipelines.data.registry import load_dataset
 
     if getattr(args, "resume", None):
@@ -121,6 +122,8 @@ def cmd_train(args) -> int:
         graph, run_cfg = load_dataset(cfg.dataset, cfg.data_dir, seed=cfg.seed), cfg
     if cfg.partitions > graph.num_nodes:
         raise ConfigError(f"partitions ({cfg.partitions}) exceeds the graph's {graph.num_nodes} vertices")
+    for warning in check_trainable(graph):  # no training/val/test vertex is a DataError, before any output
+        print(f"dorylus: warning: {warning}", file=sys.stderr)
     if cfg.out is None:
         stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
         cfg.out = str(Path("runs") / f"{graph.name}-{cfg.model}-{stamp}")
