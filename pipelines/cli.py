@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import shutil
 import sys
 from pathlib import Path
 
@@ -94,7 +95,8 @@ def _train_flags(p: argparse.ArgumentParser) -> None:
 
 def cmd_train(args) -> int:
     from pipelines import rundir
-    from pipelines.data.graph import check_trainable
+    from pipelines.data.graph import DataError, check_trainable
+    from pipelines.engine.cost import load_prices
     from pipelines.data.registry import load_dataset
 
     if getattr(args, "resume", None):
@@ -124,10 +126,28 @@ def cmd_train(args) -> int:
         raise ConfigError(f"partitions ({cfg.partitions}) exceeds the graph's {graph.num_nodes} vertices")
     for warning in check_trainable(graph):  # no training/val/test vertex is a DataError, before any output
         print(f"dorylus: warning: {warning}", file=sys.stderr)
+    load_prices(cfg.prices)  # a bad price table is an error now, not after training
     if cfg.out is None:
         stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
         cfg.out = str(Path("runs") / f"{graph.name}-{cfg.model}-{stamp}")
+    created = not Path(cfg.out).exists()
     out = rundir.prepare_out_dir(cfg.out, overwrite=args.overwrite)
+    try:
+        result = _run_training(args, cfg, run_cfg, graph, out)
+    except (ConfigError, DataError):
+        # Bad input found once the run started (a partition smaller than --intervals, say): no partial output.
+        if created:
+            shutil.rmtree(out, ignore_errors=True)
+        raise
+    s = result.summary
+    print(f"{graph.name} {cfg.model}: best val {s['best_val_acc']:.4f} (epoch {s['best_epoch']}), "
+          f"test {s['test_acc']:.4f}, {s['epochs']} epochs in {s['seconds']:.1f}s -> {out}")
+    return 0
+
+
+def _run_training(args, cfg, run_cfg, graph, out):
+    from pipelines import rundir
+
     rundir.atomic_write_text(out / "config.toml", cfg.to_toml())
     show = not args.quiet and sys.stderr.isatty()
     if cfg.transport == "kafka":
@@ -146,10 +166,7 @@ def cmd_train(args) -> int:
         from pipelines.engine.cost import add_whole_graph_cost
 
         add_whole_graph_cost(cfg, result.summary, result.history, out)
-    s = result.summary
-    print(f"{graph.name} {cfg.model}: best val {s['best_val_acc']:.4f} (epoch {s['best_epoch']}), "
-          f"test {s['test_acc']:.4f}, {s['epochs']} epochs in {s['seconds']:.1f}s -> {out}")
-    return 0
+    return result
 
 
 def _prepared_graph(cfg, explicit_partitioner):

@@ -44,6 +44,7 @@ import os
 import shutil
 import sys
 import uuid
+import zipfile
 from pathlib import Path
 from typing import NamedTuple
 
@@ -53,9 +54,9 @@ import pyarrow.parquet as pq
 
 import apache_beam as beam
 from apache_beam import pvalue
-from apache_beam.options.pipeline_options import PipelineOptions
 
 from pipelines.beam.prepare import STATS_FILE, Stat, StatsFn, _write_stats, _write_table, engine_flags, shard_name
+from pipelines.beam.runners import CommandParser, pipeline_options
 from pipelines.data.graph import DataError
 from schemas import files as file_schemas
 
@@ -436,11 +437,18 @@ def load_run(run_dir: str | os.PathLike):
         if not (run / name).is_file():
             raise DataError(f"--run {run}: no {name} (not a finished `dorylus train` run directory)")
     cfg = build_config(load_toml(run / "config.toml"), {})
-    with np.load(run / "weights.npz") as z:
-        params: dict = {}
-        for key in z.files:
-            stage, name = key.split("/", 1)
-            params.setdefault(stage, {})[name] = np.asarray(z[key])
+    try:
+        with np.load(run / "weights.npz", allow_pickle=False) as z:
+            params: dict = {}
+            for key in z.files:
+                stage, sep, name = key.partition("/")
+                if not sep:
+                    raise DataError(f"--run {run}: weights.npz entry {key!r} is not stage/param")
+                params.setdefault(stage, {})[name] = np.asarray(z[key])
+    except DataError:
+        raise
+    except (ValueError, OSError, zipfile.BadZipFile) as e:
+        raise DataError(f"--run {run}: weights.npz is not a readable weights file ({e})") from None
     return cfg, params
 
 
@@ -494,7 +502,7 @@ def _dataset_shards(graph, root: Path) -> list:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(
+    ap = CommandParser(
         prog="python -m pipelines.infer",
         description="Full-graph inference with a trained run's weights (Apache Beam): predictions and embeddings "
                     "as Parquet. Flags not listed here go to Beam's PipelineOptions.")
@@ -532,14 +540,15 @@ def run(argv: list[str] | None = None) -> dict:
     if prepared is None and dataset is None:
         prepared, dataset = cfg.prepared, cfg.dataset
     pipeline_args = engine_flags(args.engine, args.workers, pipeline_args)
+    options = pipeline_options(pipeline_args)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f"{out.name}.tmp-{uuid.uuid4().hex[:12]}")
     tmp.mkdir()
     try:
         if prepared is not None:
-            from pipelines.beam.shards import read_manifest
+            from pipelines.beam.shards import verify_shards
 
-            manifest = read_manifest(prepared)
+            manifest = verify_shards(prepared)
             root, entries = str(Path(prepared).absolute()), manifest["partitions"]
             n, f = manifest["num_vertices"], manifest["feature_dim"]
             source = {"prepared": str(Path(prepared).absolute())}
@@ -555,7 +564,7 @@ def run(argv: list[str] | None = None) -> dict:
         plan = Plan(root, list(entries), n, f, num_classes, cfg.model, cfg.feature_norm, segments(model), params,
                     args.block_size, args.output_shards or max(1, len(entries)) if prepared else
                     (args.output_shards or 1), not args.no_embeddings)
-        with beam.Pipeline(options=PipelineOptions(pipeline_args)) as p:
+        with beam.Pipeline(options=options) as p:
             build(p, plan, str(tmp))
         stats_path = tmp / STATS_FILE
         if not stats_path.is_file():

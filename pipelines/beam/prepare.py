@@ -86,8 +86,8 @@ import apache_beam as beam
 from apache_beam import pvalue
 from apache_beam.io import fileio
 from apache_beam.io.filesystems import FileSystems
-from apache_beam.options.pipeline_options import PipelineOptions
 
+from pipelines.beam.runners import CommandParser, pipeline_options
 from pipelines.data.graph import DataError
 from schemas import files as file_schemas
 from schemas.messages import SCHEMA_VERSION
@@ -1240,7 +1240,7 @@ def build(p: beam.Pipeline, cfg: Config, root: str) -> None:
 
 # --- driver --------------------------------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(
+    ap = CommandParser(
         prog="python -m pipelines.prepare",
         description="Validate, symmetrize, GCN-normalize, partition and shard a graph (Apache Beam). "
                     "Flags not listed here go to Beam's PipelineOptions (e.g. --runner=FlinkRunner).")
@@ -1469,7 +1469,7 @@ def run(argv: list[str] | None = None) -> dict:
     if out.exists() and not args.overwrite and (not out.is_dir() or any(out.iterdir())):
         raise DataError(f"--out {out} exists; pass --overwrite to replace it")
     pipeline_args = engine_flags(args.engine, args.workers, pipeline_args)
-    options = PipelineOptions(pipeline_args)
+    options = pipeline_options(pipeline_args)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f"{out.name}.tmp-{uuid.uuid4().hex[:12]}")
     tmp.mkdir()
