@@ -90,6 +90,16 @@ def _init(stages: tuple[Stage, ...]) -> Callable[[jax.Array], dict]:
     return init
 
 
+def _layers(in_dim: int, hidden: int | tuple[int, ...], num_classes: int, order: str, model: str) -> list:
+    """(layer, d_in, d_out, σ) of each layer of a stacked model (σ = relu, None on the last layer)."""
+    if order not in ("auto", "ga-first", "av-first"):
+        raise ValueError(f"unknown {model} stage order {order!r} (auto, ga-first, av-first)")
+    hs = (hidden,) if isinstance(hidden, int) else tuple(hidden)
+    dims = (in_dim, *hs, num_classes)
+    last = len(dims) - 2
+    return [(layer, dims[layer], dims[layer + 1], None if layer == last else "relu") for layer in range(last + 1)]
+
+
 def gcn(in_dim: int, hidden: int | tuple[int, ...], num_classes: int, *, dropout: float = 0.5,
         order: str = "auto", decay_all: bool = False) -> Model:
     """Graph convolutional network (Kipf & Welling, ICLR 2017): H' = σ(Â H W + b).
@@ -98,16 +108,11 @@ def gcn(in_dim: int, hidden: int | tuple[int, ...], num_classes: int, *, dropout
     with the bias and σ applied by the next tensor stage); `order="auto"` aggregates on the narrower side,
     which is the same function with fewer sparse FLOPs. Weight decay on the first layer only, as in Kipf's code.
     """
-    if order not in ("auto", "ga-first", "av-first"):
-        raise ValueError(f"unknown GCN stage order {order!r} (auto, ga-first, av-first)")
-    hs = (hidden,) if isinstance(hidden, int) else tuple(hidden)
-    dims = (in_dim, *hs, num_classes)
+    layers = _layers(in_dim, hidden, num_classes, order, "GCN")
     stages: list[Stage] = []
     pending_bias, pending_act = False, None
-    last = len(dims) - 2
-    for layer in range(len(dims) - 1):
-        d_in, d_out = dims[layer], dims[layer + 1]
-        act = None if layer == last else "relu"
+    last = len(layers) - 1
+    for layer, d_in, d_out, act in layers:
         ga_first = order == "ga-first" or (order == "auto" and d_in <= d_out)
         av = dict(kind="AV", layer=layer, in_dim=d_in, out_dim=d_out, act_in=pending_act, b_in=pending_bias,
                   rate=dropout)
@@ -173,16 +178,11 @@ def sage(in_dim: int, hidden: int | tuple[int, ...], num_classes: int, *, dropou
     (D^-1 A) comes from the block's structure, so GA runs over the same Â (with self-loops) as GCN's.
     Weight decay on every weight matrix, as PyG's example.
     """
-    if order not in ("auto", "ga-first", "av-first"):
-        raise ValueError(f"unknown GraphSAGE stage order {order!r} (auto, ga-first, av-first)")
-    hs = (hidden,) if isinstance(hidden, int) else tuple(hidden)
-    dims = (in_dim, *hs, num_classes)
+    layers = _layers(in_dim, hidden, num_classes, order, "GraphSAGE")
     stages: list[Stage] = []
     pending_bias, pending_act = False, None
-    last = len(dims) - 2
-    for layer in range(len(dims) - 1):
-        d_in, d_out = dims[layer], dims[layer + 1]
-        act = None if layer == last else "relu"
+    last = len(layers) - 1
+    for layer, d_in, d_out, act in layers:
         # A GA-first layer reads finished rows: after an AV-first layer (bias and σ pending) it must go AV-first.
         ga_first = not pending_bias and (order == "ga-first" or (order == "auto" and d_in <= d_out))
         if ga_first:

@@ -124,6 +124,8 @@ class Cmd(NamedTuple):
 
 
 TRAIN = "train --epochs 2 --quiet --out {out}"
+DEPLOYABLE = 'dataset = "cora"\npartitions = 2\n'
+
 DS = "--dataset {ws}/g.csv"
 CMD_CASES = {
     # dorylus train: datasets
@@ -249,16 +251,16 @@ CMD_CASES = {
     "deploy-prepared": Cmd("deploy render --config {cfg} --out {out}", r"prepared",
                            config='prepared = "/data/prep"\npartitions = 2\n'),
     "deploy-bad-instance-type": Cmd("deploy render --config {cfg} --out {out}", r"not an EC2 instance type",
-                                    config='dataset = "cora"\npartitions = 2\ngraph_instance = "big"\n'),
+                                    config=DEPLOYABLE + 'graph_instance = "big"\n'),
     "deploy-bad-name": Cmd("deploy render --config {cfg} --name Bad_Name --out {out}", r"--name 'Bad_Name'",
-                           config='dataset = "cora"\npartitions = 2\n'),
+                           config=DEPLOYABLE),
     "deploy-bad-bootstrap": Cmd("deploy render --config {cfg} --bootstrap nonsense --out {out}", r"--bootstrap",
-                                config='dataset = "cora"\npartitions = 2\n'),
+                                config=DEPLOYABLE),
     "deploy-bad-run-id": Cmd("deploy render --config {cfg} --run-id 'a b' --out {out}", r"--run-id",
-                             config='dataset = "cora"\npartitions = 2\n'),
+                             config=DEPLOYABLE),
     "deploy-lambda-busy-above-one": Cmd("deploy render --config {cfg} --estimate --lambda-busy 2 --out {out}",
                                         r"--lambda-busy must be in \[0, 1\]",
-                                        config='dataset = "cora"\npartitions = 2\n'),
+                                        config=DEPLOYABLE),
 }
 
 
