@@ -1,7 +1,7 @@
 """Bench: test accuracy over seeds for the whole-graph trainer and the pipelined engine at each staleness.
 
 Prints one JSON line per run (with the per-epoch validation accuracy, for epochs-to-target) and one summary line
-per configuration. Example: python bench/accuracy.py --datasets cora citeseer --models gcn gat --seeds 10
+per configuration. Example: python bench/accuracy.py --datasets cora citeseer --models gcn gat sage --seeds 10
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--datasets", nargs="+", default=["cora", "citeseer"])
-    p.add_argument("--models", nargs="+", default=["gcn", "gat"])
+    p.add_argument("--models", nargs="+", default=["gcn", "gat", "sage"])
     p.add_argument("--seeds", type=int, default=10)
     p.add_argument("--engines", nargs="+", default=["whole"],
                    help="whole, or sN / none / asyncN for the pipelined engine at staleness N")

@@ -1,4 +1,4 @@
-"""GCN and GAT as lists of stages (GA, AV, AE, LOSS) that a trainer composes whole or an engine runs per interval."""
+"""GCN, GAT and GraphSAGE as lists of stages (GA, AV, AE, LOSS) that a trainer composes whole or an engine runs per interval."""
 from __future__ import annotations
 
 import dataclasses
@@ -36,6 +36,7 @@ class Stage:
     weighted: bool = False
     concat_heads: bool = False
     negative_slope: float = 0.2
+    aggregator: str = "sum"     # GA: "sum" (Â-weighted), "mean-concat" or "mean-add" (GraphSAGE, see sparse.py)
 
     @property
     def reads_cols(self) -> tuple[str, ...]:
@@ -90,6 +91,16 @@ def _init(stages: tuple[Stage, ...]) -> Callable[[jax.Array], dict]:
     return init
 
 
+def _layers(in_dim: int, hidden: int | tuple[int, ...], num_classes: int, order: str, model: str) -> list:
+    """(layer, d_in, d_out, σ) of each layer of a stacked model (σ = relu, None on the last layer)."""
+    if order not in ("auto", "ga-first", "av-first"):
+        raise ValueError(f"unknown {model} stage order {order!r} (auto, ga-first, av-first)")
+    hs = (hidden,) if isinstance(hidden, int) else tuple(hidden)
+    dims = (in_dim, *hs, num_classes)
+    last = len(dims) - 2
+    return [(layer, dims[layer], dims[layer + 1], None if layer == last else "relu") for layer in range(last + 1)]
+
+
 def gcn(in_dim: int, hidden: int | tuple[int, ...], num_classes: int, *, dropout: float = 0.5,
         order: str = "auto", decay_all: bool = False) -> Model:
     """Graph convolutional network (Kipf & Welling, ICLR 2017): H' = σ(Â H W + b).
@@ -98,16 +109,11 @@ def gcn(in_dim: int, hidden: int | tuple[int, ...], num_classes: int, *, dropout
     with the bias and σ applied by the next tensor stage); `order="auto"` aggregates on the narrower side,
     which is the same function with fewer sparse FLOPs. Weight decay on the first layer only, as in Kipf's code.
     """
-    if order not in ("auto", "ga-first", "av-first"):
-        raise ValueError(f"unknown GCN stage order {order!r} (auto, ga-first, av-first)")
-    hs = (hidden,) if isinstance(hidden, int) else tuple(hidden)
-    dims = (in_dim, *hs, num_classes)
+    layers = _layers(in_dim, hidden, num_classes, order, "GCN")
     stages: list[Stage] = []
     pending_bias, pending_act = False, None
-    last = len(dims) - 2
-    for layer in range(len(dims) - 1):
-        d_in, d_out = dims[layer], dims[layer + 1]
-        act = None if layer == last else "relu"
+    last = len(layers) - 1
+    for layer, d_in, d_out, act in layers:
         ga_first = order == "ga-first" or (order == "auto" and d_in <= d_out)
         av = dict(kind=StageKind.AV, layer=layer, in_dim=d_in, out_dim=d_out, act_in=pending_act, b_in=pending_bias,
                   rate=dropout)
@@ -163,6 +169,45 @@ def gat(in_dim: int, hidden: int, num_classes: int, *, heads: int = 8, out_heads
     return Model("gat", stages_t, _init(stages_t), decay_mask, num_classes)
 
 
+def sage(in_dim: int, hidden: int | tuple[int, ...], num_classes: int, *, dropout: float = 0.5,
+         order: str = "auto") -> Model:
+    """GraphSAGE with the mean aggregator (Hamilton et al., NeurIPS 2017), full-graph:
+    h' = σ(h W_self + mean_{u ∈ N(v)} h_u W_neigh + b).
+
+    Each layer is GA→AV (GA "mean-concat" gives [h, mean(h_N)], AV multiplies by [W_self; W_neigh]) or AV→GA
+    (AV gives [h W_self, h W_neigh], GA "mean-add" adds the self half to the neighbours' mean of the other, and
+    the next tensor stage applies the bias and σ); `order="auto"` aggregates on the narrower side. The mean
+    (D^-1 A) comes from the block's structure, so GA runs over the same Â (with self-loops) as GCN's.
+    Weight decay on every weight matrix, as PyG's example.
+    """
+    layers = _layers(in_dim, hidden, num_classes, order, "GraphSAGE")
+    stages: list[Stage] = []
+    pending_bias, pending_act = False, None
+    last = len(layers) - 1
+    for layer, d_in, d_out, act in layers:
+        # A GA-first layer reads finished rows: after an AV-first layer (bias and σ pending) it must go AV-first.
+        ga_first = not pending_bias and (order == "ga-first" or (order == "auto" and d_in <= d_out))
+        if ga_first:
+            stages.append(Stage(kind="GA", layer=layer, index=len(stages), name=f"ga{layer}",
+                                aggregator="mean-concat"))
+            stages.append(Stage(kind="AV", layer=layer, index=len(stages), name=f"av{layer}", in_dim=2 * d_in,
+                                out_dim=d_out, act_out=act, b_out=True, rate=dropout))
+        else:
+            stages.append(Stage(kind="AV", layer=layer, index=len(stages), name=f"av{layer}", in_dim=d_in,
+                                out_dim=2 * d_out, act_in=pending_act, b_in=pending_bias, rate=dropout))
+            stages.append(Stage(kind="GA", layer=layer, index=len(stages), name=f"ga{layer}",
+                                aggregator="mean-add"))
+        pending_bias, pending_act = (False, None) if ga_first else (True, act)
+    stages.append(Stage(kind="LOSS", layer=last, index=len(stages), name="loss", in_dim=num_classes,
+                        b_in=pending_bias))
+    stages_t = tuple(stages)
+
+    def decay_mask(params):
+        return {k: {n: n == "w" for n in v} for k, v in params.items()}
+
+    return Model("sage", stages_t, _init(stages_t), decay_mask, num_classes)
+
+
 def logits_of(stage: Stage, params: dict, h: jax.Array) -> jax.Array:
     """The LOSS stage's prologue: last bias and head mean, giving logits [R, classes]."""
     if h.ndim == 3:
@@ -194,6 +239,8 @@ def run_stage(stage: Stage, params: dict, state: dict, adj: sparse.Adjacency, se
         if stage.weighted:
             out = sparse.gather_weighted(adj, state["alpha"], h)
             return {"h": out.reshape(out.shape[0], -1) if stage.concat_heads else out}
+        if stage.aggregator != "sum":
+            return {"h": sparse.gather_mean(adj, h, stage.aggregator)}
         return {"h": sparse.gather(adj, h)}
     raise ValueError(f"run_stage does not run {stage.kind} stages")
 
@@ -221,6 +268,9 @@ def from_spec(spec: dict) -> Model:
         return _cached_gcn(**spec)
     if kind == "gat":
         return _cached_gat(**spec)
+    if kind == "sage":
+        spec["hidden"] = tuple(spec["hidden"])
+        return _cached_sage(**spec)
     raise ValueError(f"unknown model {kind!r} in task spec")
 
 
@@ -232,6 +282,7 @@ def _freeze(fn):
 
 _cached_gcn = _freeze(gcn)
 _cached_gat = _freeze(gat)
+_cached_sage = _freeze(sage)
 
 
 def writes(stage: Stage) -> tuple[str, ...]:

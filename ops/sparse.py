@@ -154,6 +154,54 @@ def _gw_bwd(res, g):
 gather_weighted.defvjp(_gw_fwd, _gw_bwd)
 
 
+def _with_values(adj: Adjacency, values: jax.Array) -> Adjacency:
+    return Adjacency(values, adj.indices, adj.indptr, adj.row_ids, adj.t_indices, adj.t_indptr, adj.t_perm,
+                     adj.row_gids, adj.col_gids, adj.shape)
+
+
+def mean_self_split(adj: Adjacency) -> tuple[Adjacency, Adjacency]:
+    """The self-loop selector S and the mean over in-neighbours D^-1 A of a block with self-loops.
+
+    Taken from the structure (nonzero entries), not the stored values, so it works over any normalized Â: an
+    entry is the row's self-loop when its column is the row's own vertex (global ids), a neighbour otherwise.
+    Every row of a block holds all of its in-edges, so the per-row neighbour count is exact; a vertex without
+    neighbours has mean 0.
+    """
+    valid = adj.data != 0
+    is_self = valid & (adj.row_gids[adj.row_ids] == adj.col_gids[adj.indices])
+    neigh = (valid & ~is_self).astype(jnp.float32)
+    count = jax.ops.segment_sum(neigh, adj.row_ids, num_segments=adj.shape[0], indices_are_sorted=True)
+    mean = neigh / jnp.maximum(count, 1.0)[adj.row_ids]
+    return _with_values(adj, is_self.astype(jnp.float32)), _with_values(adj, mean)
+
+
+def gather_mean(adj: Adjacency, x: jax.Array, aggregator: str) -> jax.Array:
+    """GraphSAGE's GA (mean aggregator, Hamilton et al. 2017) over a block's columns x [C, F].
+
+    "mean-concat": [x_self, mean(x_N)] of width 2F (GA before AV: the AV weight is [W_self; W_neigh]).
+    "mean-add": x_self[:, :F/2] + mean(x_N)[:, F/2:] (AV before GA: x = [h W_self, h W_neigh]).
+    Both are linear in x, so the VJP is `gather_mean_transpose`, through `gather`'s.
+    """
+    s, m = mean_self_split(adj)
+    if aggregator == "mean-concat":
+        return jnp.concatenate([gather(s, x), gather(m, x)], axis=-1)
+    if aggregator == "mean-add":
+        f = x.shape[-1] // 2
+        return gather(s, x[:, :f]) + gather(m, x[:, f:])
+    raise ValueError(f"unknown aggregator {aggregator!r} (sum, mean-concat, mean-add)")
+
+
+def gather_mean_transpose(adj: Adjacency, g: jax.Array, aggregator: str) -> jax.Array:
+    """∇GA of `gather_mean`: Sᵀ and (D^-1 A)ᵀ over the precomputed transpose, no forward inputs needed."""
+    s, m = mean_self_split(adj)
+    if aggregator == "mean-concat":
+        f = g.shape[-1] // 2
+        return gather_transpose(s, g[:, :f]) + gather_transpose(m, g[:, f:])
+    if aggregator == "mean-add":
+        return jnp.concatenate([gather_transpose(s, g), gather_transpose(m, g)], axis=-1)
+    raise ValueError(f"unknown aggregator {aggregator!r} (sum, mean-concat, mean-add)")
+
+
 def segment_softmax(logits: jax.Array, segment_ids: jax.Array, num_segments: int) -> jax.Array:
     """Softmax of per-edge logits [nnz, H] over the entries of each row (each vertex's in-neighbours)."""
     m = jax.ops.segment_max(logits, segment_ids, num_segments=num_segments, indices_are_sorted=True)

@@ -13,9 +13,9 @@ CONFIG_FIELDS = ("model", "hidden", "layers", "heads", "out_heads", "order")
 
 @dataclasses.dataclass(frozen=True)
 class ModelSpec:
-    """name: "gcn" or "gat"; in_dim / num_classes: the graph's feature and class counts; hidden: the widths of
-    the hidden layers (GCN, one per hidden layer) or the per-head width (GAT); heads / out_heads / layers: GAT
-    only; order: GCN stage order ("auto", "ga-first", "av-first")."""
+    """name: "gcn", "sage" or "gat"; in_dim / num_classes: the graph's feature and class counts; hidden: the
+    widths of the hidden layers (GCN and GraphSAGE, one per hidden layer) or the per-head width (GAT); heads /
+    out_heads / layers: GAT only; order: GCN/GraphSAGE stage order ("auto", "ga-first", "av-first")."""
 
     name: str
     in_dim: int
@@ -30,8 +30,8 @@ class ModelSpec:
     @classmethod
     def from_config(cls, cfg: Any, in_dim: int, num_classes: int) -> "ModelSpec":
         """The model a config (any object with the CONFIG_FIELDS and dropout) names, for these sizes."""
-        if cfg.model == "gcn":
-            return cls("gcn", int(in_dim), int(num_classes), (cfg.hidden,) * (cfg.layers - 1), cfg.dropout,
+        if cfg.model in ("gcn", "sage"):
+            return cls(cfg.model, int(in_dim), int(num_classes), (cfg.hidden,) * (cfg.layers - 1), cfg.dropout,
                        order=cfg.order)
         return cls("gat", int(in_dim), int(num_classes), cfg.hidden, cfg.dropout, heads=cfg.heads,
                    out_heads=cfg.out_heads, layers=cfg.layers)
@@ -43,8 +43,8 @@ class ModelSpec:
 
     def to_json(self) -> dict:
         """The JSON-able form (the ``model`` of a tensor task); `from_json` reads it back."""
-        if self.name == "gcn":
-            return {"name": "gcn", "in_dim": self.in_dim, "hidden": list(self.hidden),
+        if self.name in ("gcn", "sage"):
+            return {"name": self.name, "in_dim": self.in_dim, "hidden": list(self.hidden),
                     "num_classes": self.num_classes, "dropout": self.dropout, "order": self.order}
         return {"name": "gat", "in_dim": self.in_dim, "hidden": self.hidden, "num_classes": self.num_classes,
                 "heads": self.heads, "out_heads": self.out_heads, "layers": self.layers, "dropout": self.dropout}
@@ -54,8 +54,8 @@ class ModelSpec:
         """The spec of a `to_json` dict; ValueError names an unknown model."""
         d = dict(d)
         name = d.pop("name", None)
-        if name == "gcn":
-            return cls("gcn", d["in_dim"], d["num_classes"], tuple(d["hidden"]), d["dropout"],
+        if name in ("gcn", "sage"):
+            return cls(name, d["in_dim"], d["num_classes"], tuple(d["hidden"]), d["dropout"],
                        order=d.get("order", "auto"))
         if name == "gat":
             return cls("gat", d["in_dim"], d["num_classes"], d["hidden"], d["dropout"], heads=d["heads"],
@@ -67,6 +67,9 @@ class ModelSpec:
         return models.from_spec(self.to_json())
 
     @staticmethod
-    def output_width_per_class(cfg: Any) -> int:
-        """How many columns of the last AV's weight one class takes (GAT: one per output head)."""
-        return cfg.out_heads if cfg.model == "gat" else 1
+    def output_width_per_class(cfg: Any, params: Mapping[str, Any] | None = None) -> int:
+        """How many columns of the last AV's weight one class takes (GAT: one per output head; an AV-first
+        GraphSAGE last layer, recognised by its separate loss stage in ``params``, writes [h W_self, h W_neigh])."""
+        if cfg.model == "gat":
+            return cfg.out_heads
+        return 2 if cfg.model == "sage" and params is not None and "loss" in params else 1

@@ -63,11 +63,14 @@ def backward_fn(stage: Stage, wrt_inputs: tuple[str, ...]):
 
 
 @functools.lru_cache(maxsize=None)
-def gather_transpose_fn():
-    """jit(∇GA) for unweighted GA: Aᵀ·g; the graph server keeps no forward inputs for it."""
-    from ops.sparse import gather_transpose
+def gather_transpose_fn(aggregator: str = "sum"):
+    """jit(∇GA) for an unweighted GA stage's aggregator (Aᵀ·g for GCN's "sum"); GA is linear in its input, so the
+    graph server keeps no forward inputs for it."""
+    from ops.sparse import gather_mean_transpose, gather_transpose
 
-    return jax.jit(gather_transpose)
+    if aggregator == "sum":
+        return jax.jit(gather_transpose)
+    return jax.jit(functools.partial(gather_mean_transpose, aggregator=aggregator))
 
 
 @functools.lru_cache(maxsize=None)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import shutil
 import sys
 from pathlib import Path
 
@@ -34,14 +35,14 @@ def _train_flags(p: argparse.ArgumentParser) -> None:
                                                      "equals theirs")
     g.add_argument("--feature-norm", choices=["row", "none"])
     g = p.add_argument_group("model")
-    g.add_argument("--model", choices=["gcn", "gat"])
+    g.add_argument("--model", choices=["gcn", "gat", "sage"])
     g.add_argument("--hidden", type=int)
     g.add_argument("--heads", type=int, help="GAT attention heads of hidden layers")
     g.add_argument("--out-heads", type=int, help="GAT attention heads of the output layer")
     g.add_argument("--layers", type=int)
     g.add_argument("--dropout", type=float)
     g.add_argument("--order", choices=["auto", "ga-first", "av-first"],
-                   help="GCN stage order per layer (auto: aggregate on the narrower side)")
+                   help="GCN/GraphSAGE stage order per layer (auto: aggregate on the narrower side)")
     g = p.add_argument_group("optimization")
     g.add_argument("--seed", type=int)
     g.add_argument("--epochs", type=int)
@@ -94,6 +95,8 @@ def _train_flags(p: argparse.ArgumentParser) -> None:
 
 def cmd_train(args) -> int:
     from pipelines import rundir
+    from pipelines.data.graph import DataError, check_trainable
+    from pipelines.engine.cost import load_prices
     from pipelines.data.registry import load_dataset
 
     if getattr(args, "resume", None):
@@ -121,10 +124,30 @@ def cmd_train(args) -> int:
         graph, run_cfg = load_dataset(cfg.dataset, cfg.data_dir, seed=cfg.seed), cfg
     if cfg.partitions > graph.num_nodes:
         raise ConfigError(f"partitions ({cfg.partitions}) exceeds the graph's {graph.num_nodes} vertices")
+    for warning in check_trainable(graph):  # no training/val/test vertex is a DataError, before any output
+        print(f"dorylus: warning: {warning}", file=sys.stderr)
+    load_prices(cfg.prices)  # a bad price table is an error now, not after training
     if cfg.out is None:
         stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
         cfg.out = str(Path("runs") / f"{graph.name}-{cfg.model}-{stamp}")
+    created = not Path(cfg.out).exists()
     out = rundir.prepare_out_dir(cfg.out, overwrite=args.overwrite)
+    try:
+        result = _run_training(args, cfg, run_cfg, graph, out)
+    except (ConfigError, DataError):
+        # Bad input found once the run started (a partition smaller than --intervals, say): no partial output.
+        if created:
+            shutil.rmtree(out, ignore_errors=True)
+        raise
+    s = result.summary
+    print(f"{graph.name} {cfg.model}: best val {s['best_val_acc']:.4f} (epoch {s['best_epoch']}), "
+          f"test {s['test_acc']:.4f}, {s['epochs']} epochs in {s['seconds']:.1f}s -> {out}")
+    return 0
+
+
+def _run_training(args, cfg, run_cfg, graph, out):
+    from pipelines import rundir
+
     rundir.atomic_write_text(out / "config.toml", cfg.to_toml())
     show = not args.quiet and sys.stderr.isatty()
     if cfg.transport == "kafka":
@@ -143,10 +166,7 @@ def cmd_train(args) -> int:
         from pipelines.engine.cost import add_whole_graph_cost
 
         add_whole_graph_cost(cfg, result.summary, result.history, out)
-    s = result.summary
-    print(f"{graph.name} {cfg.model}: best val {s['best_val_acc']:.4f} (epoch {s['best_epoch']}), "
-          f"test {s['test_acc']:.4f}, {s['epochs']} epochs in {s['seconds']:.1f}s -> {out}")
-    return 0
+    return result
 
 
 def _prepared_graph(cfg, explicit_partitioner):

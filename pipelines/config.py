@@ -17,10 +17,12 @@ class ConfigError(ValueError):
     """A setting is wrong; the message names the setting and the problem."""
 
 
-# Model-specific defaults (Kipf & Welling 2017 for GCN, Veličković et al. 2018 for GAT), used when unset.
+# Model-specific defaults (Kipf & Welling 2017 for GCN, Veličković et al. 2018 for GAT, PyG's GraphSAGE example
+# for SAGE), used when unset.
 MODEL_DEFAULTS = {
     "gcn": {"lr": 0.01, "hidden": 16, "dropout": 0.5, "weight_decay": 5e-4, "heads": 1, "out_heads": 1},
     "gat": {"lr": 0.005, "hidden": 8, "dropout": 0.6, "weight_decay": 5e-4, "heads": 8, "out_heads": 1},
+    "sage": {"lr": 0.01, "hidden": 64, "dropout": 0.5, "weight_decay": 5e-4, "heads": 1, "out_heads": 1},
 }
 
 
@@ -76,7 +78,7 @@ class TrainConfig:
     def resolved(self) -> "TrainConfig":
         """Fill model-specific defaults for unset settings, then validate."""
         if self.model not in MODEL_DEFAULTS:
-            raise ConfigError(f"model: unknown model {self.model!r} (choose gcn or gat)")
+            raise ConfigError(f"model: unknown model {self.model!r} (choose {', '.join(MODEL_DEFAULTS)})")
         c = dataclasses.replace(self)
         for k, v in MODEL_DEFAULTS[c.model].items():
             if getattr(c, k) is None:

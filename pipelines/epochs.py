@@ -41,7 +41,8 @@ class TrainResult:
 def model_inputs(cfg: TrainConfig, graph: Graph):
     """Features after the configured normalization, and the normalized adjacency the model gathers over.
 
-    GCN gathers over Â = D^-1/2 (A+I) D^-1/2; GAT over A+I with unit values (its weights are attention).
+    GCN gathers over Â = D^-1/2 (A+I) D^-1/2; GAT over A+I with unit values (its weights are attention);
+    GraphSAGE over Â too, taking its mean (D^-1 A) and self-loops from Â's structure.
     """
     x = row_normalize(graph.features) if cfg.feature_norm == "row" else graph.features
     a = gcn_normalize(graph.adj)

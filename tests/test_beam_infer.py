@@ -56,6 +56,7 @@ RUNS = {
     "gcn-ga-first": dict(model="gcn", order="ga-first"),
     "gcn-av-first": dict(model="gcn", order="av-first"),
     "gat": dict(model="gat", heads=2, hidden=8),
+    "sage": dict(model="sage", hidden=16),
 }
 
 
@@ -149,7 +150,7 @@ def direct(prepared, runs, data_dir, tmp_path_factory):
 
 
 @pytest.mark.parametrize("name,source", [("gcn-ga-first", "dataset"), ("gcn-av-first", "prepared"),
-                                         ("gat", "prepared")])
+                                         ("gat", "prepared"), ("sage", "prepared")])
 def test_infer_equals_the_whole_graph_forward(cora, runs, direct, name, source):
     _, cfg, params = runs[name]
     out, record = direct(name, source)

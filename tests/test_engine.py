@@ -56,10 +56,11 @@ def _rel(a, b):
     return float(np.max(np.abs(np.asarray(a) - np.asarray(b))) / (np.max(np.abs(np.asarray(a))) + 1e-12))
 
 
-@pytest.mark.parametrize("model,epochs", [("gcn", 25), ("gat", 12)])
-def test_synchronous_engine_equals_whole_graph_training(cora, model, epochs):
+@pytest.mark.parametrize("model,epochs,order", [("gcn", 25, "auto"), ("gat", 12, "auto"), ("sage", 15, "auto"),
+                                                ("sage", 6, "ga-first")])
+def test_synchronous_engine_equals_whole_graph_training(cora, model, epochs, order):
     cfg = TrainConfig(model=model, epochs=epochs, patience=0, partitions=4, intervals=8, staleness=None,
-                      tensor_workers=2).resolved()
+                      tensor_workers=2, order=order).resolved()
     whole = train(cfg, cora)
     eng = train_engine(cfg, cora)
     l1 = np.array([r["loss"] for r in whole.history])

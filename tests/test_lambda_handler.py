@@ -23,7 +23,8 @@ from tests.support.lambda_tasks import capture
 
 REPO = Path(__file__).resolve().parents[1]
 KINDS = {("gcn", "ga-first"): ("AV", "LAST", "AV_BWD"), ("gcn", "auto"): ("AV", "LOSS", "AV_BWD"),
-         ("gat", "auto"): ("AV", "AE", "LOSS", "AE_BWD", "AV_BWD")}
+         ("gat", "auto"): ("AV", "AE", "LOSS", "AE_BWD", "AV_BWD"),
+         ("sage", "auto"): ("AV", "LOSS", "AV_BWD")}
 
 
 def _event(msg, flat_weights, output=None, compression=None):

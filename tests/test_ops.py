@@ -152,3 +152,94 @@ def test_dropout_masks_depend_only_on_global_ids():
     kept = float((full > 0).mean())
     assert 0.45 < kept < 0.55
     assert float(full.max()) == pytest.approx(2.0)
+
+
+def _sage_dense(a_hat):
+    """Dense GraphSAGE operators of a graph given by Â's structure: S = I, P = D^-1 A (self-loops removed)."""
+    adj = (a_hat.toarray() != 0).astype(np.float64)
+    np.fill_diagonal(adj, 0.0)
+    deg = adj.sum(1, keepdims=True)
+    return adj / np.maximum(deg, 1.0)
+
+
+@pytest.mark.parametrize("pad", [False, True])
+def test_sage_gather_and_grad_match_dense_mean(pad):
+    a = small_graph(30, 70)
+    n = a.shape[0]
+    p_dense = _sage_dense(a)
+    adj = sparse.Adjacency.from_scipy(a, nnz_pad=a.nnz + 9 if pad else None, rows_pad=n + 3 if pad else None,
+                                      cols_pad=n + 2 if pad else None).to_device()
+    x = jax.random.normal(jax.random.PRNGKey(10), (adj.shape[1], 4))
+    xs = np.asarray(x[:n], np.float64)
+    concat = sparse.gather_mean(adj, x, "mean-concat")[:n]
+    np.testing.assert_allclose(concat, np.concatenate([xs, p_dense @ xs], 1), rtol=1e-5, atol=1e-5)
+    add = sparse.gather_mean(adj, x, "mean-add")[:n]
+    np.testing.assert_allclose(add, xs[:, :2] + p_dense @ xs[:, 2:], rtol=1e-5, atol=1e-5)
+    for agg, width in (("mean-concat", 8), ("mean-add", 2)):
+        g = jax.random.normal(jax.random.PRNGKey(11), (adj.shape[0], width)).at[n:].set(0.0)
+        _, vjp = jax.vjp(lambda x: sparse.gather_mean(adj, x, agg), x)
+        gs = np.asarray(g[:n], np.float64)
+        ref = gs[:, :4] + p_dense.T @ gs[:, 4:] if agg == "mean-concat" else np.concatenate([gs, p_dense.T @ gs], 1)
+        np.testing.assert_allclose(vjp(g)[0][:n], ref, rtol=1e-4, atol=1e-5)
+        # the graph server's ∇GA (no forward inputs) is the same VJP
+        np.testing.assert_allclose(sparse.gather_mean_transpose(adj, g, agg), vjp(g)[0], rtol=1e-5, atol=1e-6)
+
+
+def test_sage_mean_ignores_stored_values_and_isolated_vertices_get_zero():
+    a = gcn_normalize(sp.csr_matrix((3, 3), dtype=np.float32))  # three isolated vertices: self-loops only
+    adj = sparse.Adjacency.from_scipy(a).to_device()
+    x = jnp.arange(6.0).reshape(3, 2)
+    np.testing.assert_allclose(sparse.gather_mean(adj, x, "mean-concat"), np.concatenate([x, np.zeros((3, 2))], 1))
+    b = small_graph(12, 30)
+    b2 = b.copy()
+    b2.data[:] = 7.0  # any nonzero Â: the mean comes from the structure
+    x = jax.random.normal(jax.random.PRNGKey(12), (12, 3))
+    np.testing.assert_allclose(sparse.gather_mean(sparse.Adjacency.from_scipy(b).to_device(), x, "mean-concat"),
+                               sparse.gather_mean(sparse.Adjacency.from_scipy(b2).to_device(), x, "mean-concat"),
+                               rtol=1e-6)
+
+
+@pytest.mark.parametrize("order", ["ga-first", "av-first"])
+def test_sage_model_equals_dense_formula(order):
+    """Two layers: logits = (relu(X W1s + P X W1n + b1)) W2s + P (...) W2n + b2 (Hamilton et al., mean aggregator)."""
+    a = small_graph()
+    n = a.shape[0]
+    model = models.sage(6, (5,), 3, dropout=0.0, order=order)
+    assert [s.aggregator for s in model.stages if s.kind == "GA"] == (
+        ["mean-concat"] * 2 if order == "ga-first" else ["mean-add"] * 2)
+    params = model.init(jax.random.PRNGKey(0))
+    params = jax.tree_util.tree_map(lambda v: v + 0.05, params)  # nonzero biases
+    x = jax.random.normal(jax.random.PRNGKey(1), (n, 6))
+    adj = sparse.Adjacency.from_scipy(a).to_device()
+    logits = models.forward(model, params, adj, x)
+    p_dense = _sage_dense(a)
+
+    def layer(h, w, b, f_in):
+        w = np.asarray(w, np.float64)
+        if order == "ga-first":
+            w_self, w_neigh = w[:f_in], w[f_in:]
+        else:
+            half = w.shape[1] // 2
+            w_self, w_neigh = w[:, :half], w[:, half:]
+        return h @ w_self + p_dense @ h @ w_neigh + np.asarray(b, np.float64)
+
+    if order == "ga-first":
+        b1, b2 = params["av0"]["b_out"], params["av1"]["b_out"]
+    else:
+        b1, b2 = params["av1"]["b_in"], params["loss"]["b_in"]
+    h1 = np.maximum(layer(np.asarray(x, np.float64), params["av0"]["w"], b1, 6), 0.0)
+    ref = layer(h1, params["av1"]["w"], b2, 5)
+    np.testing.assert_allclose(logits, ref, rtol=1e-4, atol=1e-4)
+    # the spec a tensor worker receives rebuilds the same stages
+    spec = {"name": "sage", "in_dim": 6, "hidden": [5], "num_classes": 3, "dropout": 0.0, "order": order}
+    assert models.from_spec(spec).stages == model.stages
+
+
+def test_sage_auto_order_and_pending_bias():
+    m = models.sage(1433, (64,), 7)
+    assert [s.kind for s in m.stages] == ["AV", "GA", "AV", "GA", "LOSS"]
+    # wide hidden after a narrow-side AV-first layer: the bias and σ are pending, so the layer stays AV-first
+    m = models.sage(100, (16, 64), 7)
+    assert [s.kind for s in m.stages] == ["AV", "GA", "AV", "GA", "AV", "GA", "LOSS"]
+    m = models.sage(16, (64,), 7)
+    assert [s.kind for s in m.stages] == ["GA", "AV", "AV", "GA", "LOSS"]

@@ -43,6 +43,7 @@ import logging
 import os
 import shutil
 import sys
+import zipfile
 from pathlib import Path
 from typing import NamedTuple
 
@@ -51,17 +52,17 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 import apache_beam as beam
-from apache_beam.options.pipeline_options import PipelineOptions
 
 from ops import params as P
 from ops.spec import ModelSpec
 from pipelines.beam.combiners import Stat, StatsFn
-from pipelines.beam.runners import RunnerUnavailable, add_engine_arguments, engine_flags
+from pipelines.beam.runners import CommandParser, RunnerUnavailable, add_engine_arguments, engine_flags, \
+    pipeline_options
 from pipelines.beam.writers import check_output, read_stats, shard_name, staged_output, write_json, write_stats, \
     write_table
 from pipelines.config import ConfigError
 from pipelines.data.graph import DataError
-from pipelines.data.prepared import read_manifest
+from pipelines.data.prepared import verify_shards
 from schemas import files as file_schemas
 from schemas.tasks import StageKind
 
@@ -444,8 +445,13 @@ def load_run(run_dir: str | os.PathLike):
         if not (run / name).is_file():
             raise DataError(f"--run {run}: no {name} (not a finished `dorylus train` run directory)")
     cfg = build_config(load_toml(run / "config.toml"), {})
-    with np.load(run / "weights.npz") as z:
-        params = P.from_npz(z)
+    try:
+        with np.load(run / "weights.npz", allow_pickle=False) as z:
+            params = P.from_npz(z)
+    except P.ParamNameError as e:
+        raise DataError(f"--run {run}: weights.npz: {e}") from None
+    except (ValueError, OSError, zipfile.BadZipFile) as e:
+        raise DataError(f"--run {run}: weights.npz is not a readable weights file ({e})") from None
     return cfg, params
 
 
@@ -457,7 +463,7 @@ def build_checked_model(cfg, params: dict, feature_dim: int):
     if last is None:
         raise DataError(f"the weights have no stage av{cfg.layers - 1} (stages: {sorted(params)}); "
                         f"they do not belong to a {cfg.layers}-layer {cfg.model}")
-    num_classes = int(last.shape[1]) // ModelSpec.output_width_per_class(cfg)
+    num_classes = int(last.shape[1]) // ModelSpec.output_width_per_class(cfg, params)
     model = ModelSpec.from_config(cfg, feature_dim, num_classes).build()
     want = jax.eval_shape(model.init, jax.random.PRNGKey(0))
     problems = []
@@ -493,7 +499,7 @@ def _dataset_shards(graph, root: Path) -> list:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(
+    ap = CommandParser(
         prog="python -m pipelines.infer",
         description="Full-graph inference with a trained run's weights (Apache Beam): predictions and embeddings "
                     "as Parquet. Flags not listed here go to Beam's PipelineOptions.")
@@ -517,7 +523,7 @@ def _plan_input(prepared, dataset, data_dir, cfg, tmp: Path) -> tuple[str, list,
     """(shards root, partition entries, N, F, input record) of a prepared graph, or of a dataset written as one
     vertex shard and one edge shard under ``tmp/_input``."""
     if prepared is not None:
-        manifest = read_manifest(prepared)
+        manifest = verify_shards(prepared)
         root = str(Path(prepared).absolute())
         return root, manifest["partitions"], manifest["num_vertices"], manifest["feature_dim"], {"prepared": root}
     from pipelines.data.registry import load_dataset
@@ -543,13 +549,14 @@ def run(argv: list[str] | None = None) -> dict:
     if prepared is None and dataset is None:
         prepared, dataset = cfg.prepared, cfg.dataset
     pipeline_args = engine_flags(args.engine, args.workers, pipeline_args)
+    options = pipeline_options(pipeline_args)
     with staged_output(out, args.overwrite) as tmp:
         root, entries, n, f, source = _plan_input(prepared, dataset, args.data_dir, cfg, tmp)
         model, num_classes = build_checked_model(cfg, params, f)
         plan = Plan(root, list(entries), n, f, num_classes, cfg.model, cfg.feature_norm, segments(model), params,
                     args.block_size, args.output_shards or max(1, len(entries)) if prepared else
                     (args.output_shards or 1), not args.no_embeddings)
-        with beam.Pipeline(options=PipelineOptions(pipeline_args)) as p:
+        with beam.Pipeline(options=options) as p:
             build(p, plan, str(tmp))
         stats = read_stats(tmp)
         shutil.rmtree(tmp / "_input", ignore_errors=True)

@@ -18,7 +18,10 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+import argparse
 from typing import Sequence
+
+from pipelines.data.graph import DataError
 
 REPO = Path(__file__).resolve().parents[2]
 FETCH_HINT = "infra/local/flink.sh fetch"
@@ -103,6 +106,27 @@ def shared_flink_job_endpoint(flags: Sequence[str]) -> str:
         atexit.register(server.stop)
         _shared[jar] = (server, server.endpoint)
     return _shared[jar][1]
+
+
+class CommandParser(argparse.ArgumentParser):
+    """argparse for the Beam commands: a wrong flag is a one-line DataError (exit 2), not usage text."""
+
+    def error(self, message):
+        raise DataError(f"{self.prog}: {message}")
+
+
+def pipeline_options(pipeline_args: Sequence[str]):
+    """PipelineOptions of the flags a command left to Beam; a flag Beam does not know either is a DataError
+    (Beam itself would drop it with a log line and run anyway, so a mistyped flag would go unnoticed)."""
+    from apache_beam.options.pipeline_options import PipelineOptions  # Beam loads only for a pipeline run
+
+    options = PipelineOptions(list(pipeline_args))
+    unknown = set(options.get_all_options(retain_unknown_options=True)) - set(PipelineOptions([]).get_all_options())
+    if unknown:
+        flags = ", ".join(f"--{k}" for k in sorted(unknown))
+        raise DataError(f"unrecognized arguments: {flags} (neither this command's flags nor Beam pipeline "
+                          f"options; --help lists them)")
+    return options
 
 
 def runner_options(runner: str, extra_argv: Sequence[str] = (), *, num_workers: int | None = None,

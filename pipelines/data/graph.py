@@ -134,6 +134,28 @@ def make_graph(
     return Graph(name, adj, features, labels, masks[0], masks[1], masks[2], int(num_classes))
 
 
+def check_trainable(graph: Graph) -> list[str]:
+    """What training on `graph` needs of its split: DataError when no vertex is in train, val or test (nothing to
+    learn from, select by or report on); returns warnings, one per problem that still lets a run go on (a labelled
+    class with no training vertex, which the model then never sees)."""
+    sets = {"training": graph.train_mask, "validation": graph.val_mask, "test": graph.test_mask}
+    empty = [k for k, m in sets.items() if not m.any()]
+    if empty:
+        got = ", ".join(f"{int(m.sum())} {k}" for k, m in sets.items())
+        labelled = int((graph.labels >= 0).sum())
+        raise DataError(f"graph {graph.name!r} has no {' and no '.join(empty)} vertices ({got}; {labelled} of "
+                        f"{graph.num_nodes} labelled): give it a split that has all three (`dorylus prepare "
+                        f"--split` or `--split-file`, a split file beside an edge list, train=/val= per class for "
+                        f"synthetic graphs)")
+    labelled = np.unique(graph.labels[graph.labels >= 0])
+    missing = np.setdiff1d(labelled, np.unique(graph.labels[graph.train_mask]))
+    if missing.size:
+        shown = ", ".join(str(int(c)) for c in missing[:10]) + (", ..." if missing.size > 10 else "")
+        return [f"graph {graph.name!r}: labelled class(es) {shown} have no training vertex; the model cannot "
+                f"learn {'it' if missing.size == 1 else 'them'}"]
+    return []
+
+
 def gcn_normalize(adj: sp.csr_matrix) -> sp.csr_matrix:
     """Â = D^-1/2 (A + I) D^-1/2 (Kipf & Welling, ICLR 2017), float32 CSR with sorted indices."""
     n = adj.shape[0]

@@ -45,8 +45,13 @@ def read_manifest(root: str | os.PathLike) -> dict:
     path = os.path.join(root, MANIFEST_FILE)
     if not os.path.isfile(path):
         raise ShardError(f"{root}: no {MANIFEST_FILE} (not a prepared graph, or an unfinished/failed prepare run)")
-    with open(path) as f:
-        manifest = json.load(f)
+    try:
+        with open(path) as f:
+            manifest = json.load(f)
+    except (ValueError, OSError) as e:
+        raise ShardError(f"{path}: not a readable manifest ({e})") from None
+    if not isinstance(manifest, dict):
+        raise ShardError(f"{path}: not a manifest (a JSON {type(manifest).__name__}, not an object)")
     if manifest.get("format") != PREPARED_FORMAT:
         raise ShardError(f"{path}: format {manifest.get('format')!r}, expected {PREPARED_FORMAT!r}")
     if manifest.get("format_version") not in PREPARED_FORMAT_VERSIONS:
@@ -58,16 +63,31 @@ def read_manifest(root: str | os.PathLike) -> dict:
         raise ShardError(f"{path}: {e}") from None
 
 
-def _read_shard(root, entry: dict, kind: str, verify: bool, columns=None) -> pa.Table:
-    """kind: "edges" or "vertices" of a manifest partition entry."""
+def _check_shard(root, entry: dict, kind: str, verify: bool) -> str:
     path = os.path.join(root, entry[kind])
-    rows = entry["num_edges" if kind == "edges" else "num_vertices"]
     if not os.path.isfile(path):
         raise ShardError(f"{path}: listed in the manifest but missing")
     if verify:
         digest = sha256_file(path)
         if digest != entry[f"{kind}_sha256"]:
             raise ShardError(f"{path}: sha256 {digest} does not match the manifest's {entry[f'{kind}_sha256']}")
+    return path
+
+
+def verify_shards(root: str | os.PathLike, manifest: dict | None = None) -> dict:
+    """Check that every shard the manifest lists is there with its sha256, without reading it (what a pipeline
+    that reads the shards itself checks first); returns the manifest."""
+    manifest = manifest or read_manifest(root)
+    for entry in manifest["partitions"]:
+        for kind in ("edges", "vertices"):
+            _check_shard(root, entry, kind, True)
+    return manifest
+
+
+def _read_shard(root, entry: dict, kind: str, verify: bool, columns=None) -> pa.Table:
+    """kind: "edges" or "vertices" of a manifest partition entry."""
+    path = _check_shard(root, entry, kind, verify)
+    rows = entry["num_edges" if kind == "edges" else "num_vertices"]
     table = pq.read_table(path, columns=columns)
     if table.num_rows != rows:
         raise ShardError(f"{path}: {table.num_rows} rows, the manifest says {rows}")

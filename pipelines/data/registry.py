@@ -10,6 +10,8 @@ A dataset spec is one of:
   Both take `train=`/`val=` (nodes per class, default 20/30) and `seed=` (overrides the seed argument).
 - a path, with the format taken from its shape:
   - `dir/name.npz`: a flat SparseGraph npz (npz.py);
+  - `dir/ogbn_arxiv`: a directory in OGB's node-property layout (`raw/edge.csv.gz`, ..., `split/<name>/`),
+    `?split=NAME` when it holds several splits (ogb.py);
   - `dir/ind.cora`: a Planetoid prefix, i.e. `dir/ind.cora.x`, `.y`, ... exist (planetoid.py);
   - `dir/g.csv` / `.tsv` / `.txt` / `.edges` / `.el`: an edge list; its labels, features and split come
     from the siblings `g.labels.npy|parquet`, `g.features.npy|parquet`, `g.split.npy|parquet`, or from a
@@ -194,6 +196,15 @@ def _from_path(spec: str, seed: int) -> Graph | None:
         path = Path(head)
     path = path.expanduser()
     suffix = path.suffix.lower()
+    if path.is_dir():
+        from pipelines.data.ogb import is_ogb_dir, load_ogb
+
+        if not is_ogb_dir(path):
+            raise DataError(f"{spec!r}: a directory, but not an OGB node-property dataset (no raw/ or split/ in it)")
+        extra = _parse_query(spec, query, {"split": ""})
+        if "seed" in extra:
+            raise DataError(f"{spec!r}: an OGB dataset has its own split; it takes ?split=NAME, not seed")
+        return load_ogb(path, split=extra.get("split"))
     if suffix == ".npz":
         return load_npz(path, seed=seed) if not query else _no_query(spec)
     if path.name.startswith("ind.") or Path(f"{path}.graph").is_file():

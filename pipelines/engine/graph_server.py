@@ -513,7 +513,7 @@ class GraphServer:
                 _, gin = backward_fn(st, wrt)({}, inputs, self.blocks_dev[i], jnp.uint32(seed),
                                               {k: jnp.asarray(v) for k, v in out_grads.items()})
             else:
-                gin = {"h": gather_transpose_fn()(self.blocks_dev[i], jnp.asarray(out_grads["h"]))}
+                gin = {"h": gather_transpose_fn(st.aggregator)(self.blocks_dev[i], jnp.asarray(out_grads["h"]))}
             gin = {k: np.asarray(v) for k, v in gin.items()}
             t1 = clock()
             self.busy_s[TaskKind.GA_BWD] += t1 - t0

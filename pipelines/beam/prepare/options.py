@@ -9,7 +9,7 @@ from apache_beam.io.filesystems import FileSystems
 from pipelines.beam.prepare.partition import PARTITIONERS
 from pipelines.beam.prepare.tables import TableInfo, inspect_features, inspect_labels
 from pipelines.beam.prepare.validate import ID_LIMIT
-from pipelines.beam.runners import add_engine_arguments
+from pipelines.beam.runners import CommandParser, add_engine_arguments
 from pipelines.data.graph import DataError
 
 
@@ -35,7 +35,7 @@ class Config(NamedTuple):
 
 def build_parser() -> argparse.ArgumentParser:
     """The app flags of ``python -m pipelines.prepare`` (every other flag goes to Beam's PipelineOptions)."""
-    ap = argparse.ArgumentParser(
+    ap = CommandParser(
         prog="python -m pipelines.prepare",
         description="Validate, symmetrize, GCN-normalize, partition and shard a graph (Apache Beam). "
                     "Flags not listed here go to Beam's PipelineOptions (e.g. --runner=FlinkRunner).")

@@ -7,7 +7,6 @@ import sys
 from pathlib import Path
 
 import apache_beam as beam
-from apache_beam.options.pipeline_options import PipelineOptions
 
 from pipelines.beam.combiners import Stat, StatsFn
 from pipelines.beam.prepare.manifest import check_stats, make_manifest
@@ -18,7 +17,7 @@ from pipelines.beam.prepare.shards import BuildPartitions, WriteEdgeShards
 from pipelines.beam.prepare.split import Split
 from pipelines.beam.prepare.tables import ReadTable
 from pipelines.beam.prepare.validate import Validate
-from pipelines.beam.runners import RunnerUnavailable, engine_flags
+from pipelines.beam.runners import RunnerUnavailable, engine_flags, pipeline_options
 from pipelines.beam.writers import check_output, read_stats, staged_output, write_json, write_stats
 from pipelines.data.graph import DataError
 from schemas.files import MANIFEST_FILE
@@ -87,7 +86,7 @@ def run(argv: list[str] | None = None) -> dict:
     out = Path(args.out).absolute()
     check_output(out, args.overwrite)
     pipeline_args = engine_flags(args.engine, args.workers, pipeline_args)
-    options = PipelineOptions(pipeline_args)
+    options = pipeline_options(pipeline_args)
     with staged_output(out, args.overwrite) as tmp:
         with beam.Pipeline(options=options) as p:
             build(p, cfg, str(tmp))
