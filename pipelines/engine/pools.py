@@ -162,7 +162,8 @@ def autotune_start(cfg) -> int:
 
 def make_tensor_workers(cfg, transport, model_spec: dict):
     """The tensor-worker backend a config asks for (mode and tensor_workers)."""
-    faults = dict(fail_rate=cfg.fail_rate, delay_rate=cfg.delay_rate, delay_s=cfg.delay_s, seed=cfg.seed)
+    faults = dict(fail_rate=cfg.fail_rate, delay_rate=cfg.delay_rate, delay_s=cfg.delay_s, seed=cfg.seed,
+                  task_latency_s=getattr(cfg, "task_latency_s", 0.0))
     mode = getattr(cfg, "mode", "serverless")
     tw = cfg.tensor_workers
     if mode == "cpu-only":
