@@ -210,7 +210,7 @@ def _extra_commands():
     import importlib
 
     for mod in ("pipelines.roles", "pipelines.beam.commands", "pipelines.continuous.commands",
-                "pipelines.deploy", "pipelines.report", "pipelines.lambda_package"):
+                "pipelines.deploy", "pipelines.report", "pipelines.lambda_package", "pipelines.plan.commands"):
         try:
             m = importlib.import_module(mod)
         except ModuleNotFoundError as e:
