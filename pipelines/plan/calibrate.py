@@ -29,6 +29,7 @@ from pipelines.plan.shape import (TENSOR_TASKS, Shape, Step, Task, build_stages,
 from pipelines.engine.pools import autotune_start
 from pipelines.plan.cluster import Layout, Network
 from pipelines.plan.sim import simulate
+from pipelines.plan import world
 from pipelines.plan.world import epoch_time, model_reads
 
 #: A kind the calibration run did not time borrows the coefficients of kinds that do the same work (the fused
@@ -194,7 +195,7 @@ def fit(points: list[tuple[float, float, float]]) -> tuple[float, float] | None:
     if not by_size:
         return None
     keys = sorted(by_size)
-    ys = np.array([float(np.median(by_size[k])) for k in keys])
+    ys = np.array([float(np.quantile(by_size[k], world.QUANTILE)) for k in keys])
     a = np.array([[k[0], k[1]] for k in keys], float)
     if len(keys) == 1:   # one size: all of it per base unit (both scale with the block)
         return (float(ys[0] / a[0, 0]), 0.0) if a[0, 0] > 0 else (0.0, float(ys[0] / max(a[0, 1], 1.0)))

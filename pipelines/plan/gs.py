@@ -52,6 +52,7 @@ class GraphServerSim:
         self.latest_version = -1
         self.arrived_version = -1     # newest version on the weights channel, seen at the loop's top
         self.inflight: dict = {}
+        self.busy_intervals = collections.Counter()   # interval -> tasks in flight (the engine scans inflight)
         self.ema: dict = {}
         self.relaunches = 0
         self.duplicates = 0
@@ -77,6 +78,10 @@ class GraphServerSim:
 
     def weights(self, version: int) -> None:
         self.arrived_version = max(self.arrived_version, version)
+        if self.inflight:
+            # The engine would see it within one busy poll (2 ms); the simulated loop, which sleeps until a
+            # message or a straggler deadline rather than every 2 ms, is woken then instead.
+            self.loop.after(GS_POLL_BUSY_S, self.inbox.put, Msg("NUDGE", -1, -1, -1, self.p))
 
     def _run_task(self, kind: Task, s: int):
         cmd = self.w.compute("gs", self.cpu, kind, s, self.p)
@@ -220,6 +225,7 @@ class GraphServerSim:
         yield from self._overhead()
         msg = Msg(kind.value, e, s, i, self.p, self.version_for(e), meta={"attempt": 0})
         self.inflight[msg.key] = [msg, self.loop.now, 0]
+        self.busy_intervals[i] += 1
         self.pool.submit(msg)
 
     def _check_stragglers(self) -> None:
@@ -239,6 +245,7 @@ class GraphServerSim:
         if entry is None:
             self.duplicates += 1
             return
+        self.busy_intervals[msg.interval] -= 1
         now = self.loop.now
         dt = now - entry[1]
         self.w.span("tensor-workers", msg.kind, msg.epoch, msg.interval, entry[1], now, partition=self.p,
@@ -258,6 +265,8 @@ class GraphServerSim:
         self.step[i] += 1
 
     def handle(self, msg: Msg):
+        if msg.kind == "NUDGE":
+            return
         if msg.kind == "WM":
             self.global_wm[(msg.meta["dir"], msg.stage, msg.epoch)].add(msg.partition)
         elif msg.kind == "SC":
@@ -283,7 +292,7 @@ class GraphServerSim:
             self.grads[i] = set()
             return True
         step, s = self.sched[self.step[i]]
-        if any(key[3] == i for key in self.inflight):
+        if self.busy_intervals[i]:
             return False
         if self.step[i] == 0 and self.latest_version < self.version_for(e):
             return self._wait(i, "weights")
@@ -317,10 +326,23 @@ class GraphServerSim:
         yield from self._dispatch(task, i, e, s)
         return True
 
+    def _poll_timeout(self, fresh: bool) -> float:
+        """The engine polls every 2 ms while tasks are in flight, to check for stragglers; nothing else happens
+        on such a timeout, so the simulation sleeps until the first straggler deadline instead (same events)."""
+        if not self.inflight:
+            return GS_POLL_IDLE_S
+        if fresh:   # a new weight version: the next step may fire after this poll, as in the engine
+            return GS_POLL_BUSY_S
+        L = self.w.L
+        due = min(sent + max(L.straggler_min_s, L.straggler_k * self.ema.get(msg.kind, L.straggler_min_s))
+                  for msg, sent, _ in self.inflight.values())
+        return max(GS_POLL_BUSY_S, due - self.loop.now + 1e-9)
+
     def run(self):
         while not self.finished:
+            fresh = self.arrived_version > self.latest_version
             self.latest_version = max(self.latest_version, self.arrived_version)
-            yield des.Poll(self.inbox, GS_POLL_BUSY_S if self.inflight else GS_POLL_IDLE_S)
+            yield des.Poll(self.inbox, self._poll_timeout(fresh))
             for msg in self.inbox.drain():
                 yield from self.handle(msg)
             progressed = True
