@@ -6,9 +6,9 @@
 
 On a mid-size synthetic graph (planted partition, --nodes vertices, --degree, --features), each configuration is
 a real engine run on this machine (memory transport, a local tensor-worker pool of `workers` threads with
-`--task-latency-s`, GCN, --intervals per partition); its epoch time is the steady-state mean gap between weight
-updates in its timeline (median of the gaps, epoch 0, which compiles, left out). The simulator is calibrated ONCE, from the first
-configuration's timeline (P=1, one worker, no latency, S=0), and then predicts every configuration from its
+`--task-latency-s`, GCN, --intervals per partition); its epoch time is the steady-state gap between weight
+updates in its timeline (the median gap, epoch 0, which compiles, left out). The simulator is calibrated ONCE,
+from the first configuration's timeline (P=1, one worker, no latency, S=0), and then predicts every configuration from its
 partition plan (built before the run) and the machine as the calibration saw it: its cores and its load
 (`background`: other processes' runnable threads, sampled from /proc/loadavg every 50 ms during the calibration
 run, minus this process's own). Each line also reports the background sampled during its own run: the machine
@@ -152,7 +152,8 @@ def main(argv=None) -> int:
         row = {"bench": "plan-check", **c, "intervals": args.intervals, "nodes": graph.num_nodes,
                "edges": int(graph.summary()["edges"]), "measured_epoch_s": round(measured, 4),
                "predicted_epoch_s": round(pred, 4), "error": round(pred / measured - 1.0, 4),
-               "load_avg_1m": round(load, 2), "background_threads": round(background, 2), "calibration": k == 0, "run_s": round(wall, 1)}
+               "load_avg_1m": round(load, 2), "background_threads": round(background, 2), "calibration": k == 0,
+               "run_s": round(wall, 1)}
         rows.append(row)
         print(json.dumps(row), flush=True)
     worst = max(rows, key=lambda r: abs(r["error"]))
