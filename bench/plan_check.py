@@ -4,15 +4,15 @@
     python bench/plan_check.py --full              # all 54: P 1,2,4 x pool 1,2,4 x latency 0,0.025,0.05 x S 0,1
     python bench/plan_check.py --nodes 20000 --epochs 8
 
-On a mid-size synthetic graph (planted partition, --nodes vertices, --degree, --features), each configuration is
-a real engine run on this machine (memory transport, a local tensor-worker pool of `workers` threads with
-`--task-latency-s`, GCN, --intervals per partition); its epoch time is the steady-state gap between weight
-updates in its timeline (the median gap, epoch 0, which compiles, left out). The simulator is calibrated ONCE,
-from the first configuration's timeline (P=1, one worker, no latency, S=0), and then predicts every
-configuration from its partition plan (built before the run) and the machine as the calibration saw it: its
-cores and its load (`background`: other processes' runnable threads, sampled from /proc/loadavg every 50 ms
-during the calibration run, minus this process's own). Each line also reports the background sampled during its own run: the machine
-is shared, and its load moves epoch times more than anything else.
+On a mid-size synthetic graph (planted partition, --nodes vertices, --degree, --features), each configuration is a
+real engine run on this machine (memory transport, a local tensor-worker pool of `workers` threads with `--task-
+latency-s`, GCN, --intervals per partition); its epoch time is the steady-state gap between weight updates in its
+timeline (the median gap, epoch 0, which compiles, left out). The simulator is calibrated ONCE, from the first
+configuration's timeline (P=1, one worker, no latency, S=0), and then predicts every configuration from its
+partition plan (built before the run) and the machine as the calibration saw it: its cores and its load
+(`background`: other processes' runnable threads, sampled from /proc/loadavg every 50 ms during the calibration
+run, minus this process's own). Each line also reports the background sampled during its own run: the machine is
+shared, and its load moves epoch times more than anything else.
 
 One JSON line per configuration: measured and predicted seconds per epoch, the error, the load average; then a
 `plan-check-summary` line with the worst case and whether every configuration is within --goal (15%).
