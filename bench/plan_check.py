@@ -6,9 +6,9 @@
 
 On a mid-size synthetic graph (planted partition, --nodes vertices, --degree, --features), each configuration is a
 real engine run on this machine (memory transport, a local tensor-worker pool of `workers` threads with
-`--task-latency-s`, GCN, --intervals per partition); its epoch time is the steady-state gap between weight updates in its
-timeline (the median gap, epoch 0, which compiles, left out). The simulator is calibrated ONCE, from the first
-configuration's timeline (P=1, one worker, no latency, S=0), and then predicts every configuration from its
+`--task-latency-s`, GCN, --intervals per partition); its epoch time is the steady-state gap between weight updates
+in its timeline (the median gap, epoch 0, which compiles, left out). The simulator is calibrated ONCE, from the
+first configuration's timeline (P=1, one worker, no latency, S=0), and then predicts every configuration from its
 partition plan (built before the run) and the machine as the calibration saw it: its cores and its load
 (`background`: other processes' runnable threads, sampled from /proc/loadavg every 50 ms during the calibration
 run, minus this process's own). Each line also reports the background sampled during its own run: the machine is
