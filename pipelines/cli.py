@@ -62,6 +62,8 @@ def _train_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--fail-rate", type=float, help="injected tensor-task failure probability")
     g.add_argument("--delay-rate", type=float, help="probability that a tensor task is delayed")
     g.add_argument("--delay-s", type=float, help="mean injected delay (exponential), seconds")
+    g.add_argument("--task-latency-s", type=float, help="fixed latency added to every tensor task of a local pool "
+                                                        "(a remote worker's round trip; the worker sleeps)")
     g.add_argument("--straggler-k", type=float, help="relaunch a task after max(min, k x EMA of task time)")
     g.add_argument("--straggler-min-s", type=float)
     g.add_argument("--transport", choices=["memory", "kafka"])
@@ -228,7 +230,7 @@ def _extra_commands():
     import importlib
 
     for mod in ("pipelines.roles", "pipelines.beam.commands", "pipelines.continuous.commands",
-                "pipelines.deploy", "pipelines.report", "pipelines.lambda_package"):
+                "pipelines.deploy", "pipelines.report", "pipelines.lambda_package", "pipelines.plan.commands"):
         try:
             m = importlib.import_module(mod)
         except ModuleNotFoundError as e:

@@ -59,6 +59,7 @@ class TrainConfig:
     fail_rate: float = 0.0
     delay_rate: float = 0.0
     delay_s: float = 0.0
+    task_latency_s: float = 0.0         # fixed added latency per tensor task (a remote worker's round trip)
     transport: str = "memory"
     bootstrap: str | None = None
     # serverless tensor workers (AWS Lambda) and cost
@@ -128,6 +129,9 @@ class TrainConfig:
         need(0.0 <= self.fail_rate < 1.0, f"fail_rate must be in [0, 1), got {self.fail_rate}")
         need(0.0 <= self.delay_rate <= 1.0, f"delay_rate must be in [0, 1], got {self.delay_rate}")
         need(self.delay_s >= 0, f"delay_s must be >= 0, got {self.delay_s}")
+        need(self.task_latency_s >= 0, f"task_latency_s must be >= 0, got {self.task_latency_s}")
+        need(not (self.task_latency_s > 0 and self.tensor_workers == "aws"),
+             "task_latency_s models a remote worker's latency on a local pool; tensor_workers = aws has its own")
         need(self.straggler_k > 0, f"straggler_k must be > 0, got {self.straggler_k}")
         need(self.transport in ("memory", "kafka"), f"transport must be memory or kafka, got {self.transport!r}")
         need(self.seed >= 0, f"seed must be >= 0, got {self.seed}")
@@ -137,7 +141,7 @@ class TrainConfig:
         """Whether the run needs the separated, pipelined engine rather than the whole-graph trainer."""
         return (self.partitions > 1 or self.intervals > 1 or self.staleness is not None or self.wu != "sync"
                 or self.transport != "memory" or self.fail_rate > 0 or self.delay_rate > 0
-                or self.mode != "serverless" or self.tensor_workers in ("auto", "aws"))
+                or self.task_latency_s > 0 or self.mode != "serverless" or self.tensor_workers in ("auto", "aws"))
 
     def to_dict(self) -> dict[str, Any]:
         return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}

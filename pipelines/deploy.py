@@ -244,12 +244,13 @@ def _parametrize(cmds: dict[str, list[str]], kind: str, flag: str, n: int) -> li
 
 
 def render(config_path: str | Path, *, bootstrap: str | None = None, run_id: str | None = None,
-           name: str = DEFAULT_NAME) -> Rendering:
-    """Validate the config and render the deployment (see the module doc)."""
+           name: str = DEFAULT_NAME, overrides: dict | None = None) -> Rendering:
+    """Validate the config and render the deployment (see the module doc); `overrides` (a `dorylus plan` row's
+    settings) replace the config file's."""
     if not NAME_RE.match(name):
         raise ConfigError(f"--name {name!r}: 3-24 lower-case letters, digits and hyphens, starting with a letter "
                           f"(Terraform's name)")
-    values = load_toml(config_path)
+    values = {**load_toml(config_path), **(overrides or {})}
     function_default = None
     if values.get("tensor_workers") == "aws" and not values.get("function"):
         # The deployment's function; the engine's validation (below) needs one.
@@ -427,7 +428,14 @@ def estimate_text(e: dict) -> str:
 
 # ------------------------------------------------------------------------------------------------ CLI
 def cmd_render(args) -> int:
-    r = render(args.config, bootstrap=args.bootstrap, run_id=args.run_id, name=args.name)
+    overrides = None
+    if args.plan or args.row:
+        if not (args.plan and args.row):
+            raise ConfigError("--plan and --row go together: a plan.json and the row to deploy")
+        from pipelines.plan.commands import row_config
+
+        overrides = row_config(args.plan, args.row)
+    r = render(args.config, bootstrap=args.bootstrap, run_id=args.run_id, name=args.name, overrides=overrides)
     est = None
     if args.estimate:
         from pipelines.engine.cost import load_prices
@@ -474,6 +482,8 @@ def register(subparsers) -> None:
                                                         "the Lambda function")
     r.add_argument("--out", help="write dorylus.tfvars, deploy.json, roles.sh and config.toml to this directory")
     r.add_argument("--format", choices=sorted(FORMATS), default="tfvars", help="what to print (default tfvars)")
+    r.add_argument("--plan", help="a plan.json of `dorylus plan`: deploy one of its rows (with --row)")
+    r.add_argument("--row", help="the plan row to deploy: its number, best-value or fastest")
     g = r.add_argument_group("cost estimate (the engine's cost model and price table)")
     g.add_argument("--estimate", action="store_true", help="print the deployment's cost per hour (and per epoch) "
                                                            "instead of the rendering")

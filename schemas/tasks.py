@@ -54,6 +54,7 @@ class TaskKind(Word):
     WATERMARK = "WM"     # a producer finished (epoch, stage) on a ghost channel
     ERROR = "ERROR"      # a tensor task failed (the result that says so)
     CONTROL = "CTRL"     # the kind a control message carries on the wire
+    WAIT = "WAIT"        # a timeline span: an interval waiting behind a gate (not a task that runs)
 
 
 #: the tasks a tensor worker runs (a local pool or the Lambda handler)

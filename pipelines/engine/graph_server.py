@@ -184,7 +184,7 @@ class GraphServer:
         w = self._waiting[i]
         if w is not None:
             self._waiting[i] = None
-            self._span("WAIT", e, i, w[0], detail={"gate": w[1], "step": step})
+            self._span(TaskKind.WAIT, e, i, w[0], detail={"gate": w[1], "step": step})
 
     def _col_input(self, i: int, e: int, ps: int, name: str) -> np.ndarray | None:
         """The column values interval i reads in epoch e, or None while the watermark is behind."""

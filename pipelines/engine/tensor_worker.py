@@ -84,14 +84,20 @@ class LocalPool(TensorWorker):
     Fault injection for tests and benchmarks: each task fails with probability `fail_rate` (the reply is an
     error, as a crashed Lambda's would be) or is delayed by an exponential time of mean `delay_s` with
     probability `delay_rate`, so the graph servers' straggler relaunch can be exercised.
+
+    `task_latency_s` adds a fixed latency to every task, as a remote worker's round trip would (a Lambda
+    invocation over the network): the worker thread sleeps, which holds no core and releases the GIL, so a pool
+    of N such workers behaves like N remote ones. It is not billed (Lambda bills the function's run, not the
+    network around it).
     """
 
     def __init__(self, transport, model_spec: dict, size: int, *, fail_rate: float = 0.0, delay_rate: float = 0.0,
-                 delay_s: float = 0.0, seed: int = 0, weight_timeout: float = 120.0):
+                 delay_s: float = 0.0, seed: int = 0, weight_timeout: float = 120.0, task_latency_s: float = 0.0):
         self.transport = transport
         self.model = models.from_spec(model_spec)
         self.size = size
         self.fail_rate, self.delay_rate, self.delay_s = fail_rate, delay_rate, delay_s
+        self.task_latency_s = task_latency_s
         self.rng = np.random.default_rng(seed + 7919)
         self.rng_lock = threading.Lock()
         self.weights = WeightCache()
@@ -151,6 +157,8 @@ class LocalPool(TensorWorker):
                                                "retryable": True}))
             return
         params = self.weights.get(msg.version, self.weight_timeout)
+        if self.task_latency_s > 0:
+            time.sleep(self.task_latency_s)
         t0 = time.perf_counter()
         reply, grads = execute(self.model, msg, params)
         dt = time.perf_counter() - t0

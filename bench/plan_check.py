@@ -1,0 +1,173 @@
+"""Bench: the plan's simulator against real local runs. Predicted vs measured epoch time per configuration.
+
+    python bench/plan_check.py                     # 18 configurations (P x (pool, latency) x S)
+    python bench/plan_check.py --full              # all 54: P 1,2,4 x pool 1,2,4 x latency 0,0.025,0.05 x S 0,1
+    python bench/plan_check.py --nodes 20000 --epochs 8
+
+On a mid-size synthetic graph (planted partition, --nodes vertices, --degree, --features), each configuration is a
+real engine run on this machine (memory transport, a local tensor-worker pool of `workers` threads with
+`--task-latency-s`, GCN, --intervals per partition); its epoch time is the steady-state gap between weight updates
+in its timeline (the median gap, epoch 0, which compiles, left out). The simulator is calibrated ONCE, from the
+first configuration's timeline (P=1, one worker, no latency, S=0), and then predicts every configuration from its
+partition plan (built before the run) and the machine as the calibration saw it: its cores and its load
+(`background`: other processes' runnable threads, sampled from /proc/loadavg every 50 ms during the calibration
+run, minus this process's own). Each line also reports the background sampled during its own run: the machine is
+shared, and its load moves epoch times more than anything else.
+
+One JSON line per configuration: measured and predicted seconds per epoch, the error, the load average; then a
+`plan-check-summary` line with the worst case and whether every configuration is within --goal (15%).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+
+GOAL = 0.15
+
+
+def configs(full: bool) -> list[dict]:
+    out = []
+    pools = [(1, 0.0), (2, 0.025), (4, 0.05)]
+    for P in (1, 2, 4):
+        combos = ([(w, lat) for w in (1, 2, 4) for lat in (0.0, 0.025, 0.05)] if full else pools)
+        for w, lat in combos:
+            for S in (0, 1):
+                out.append({"partitions": P, "workers": w, "task_latency_s": lat, "staleness": S})
+    return out
+
+
+def run_one(graph, spec: str, c: dict, args, out: Path, epochs: int):
+    from pipelines.config import TrainConfig
+    from pipelines.engine.runner import train_engine
+
+    cfg = TrainConfig(dataset=spec, partitions=c["partitions"], intervals=args.intervals, staleness=c["staleness"],
+                      tensor_workers=c["workers"], task_latency_s=c["task_latency_s"], epochs=epochs,
+                      patience=0, seed=args.seed).resolved()
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.toml").write_text(cfg.to_toml())
+    load = os.getloadavg()[0]
+    t0 = time.perf_counter()
+    with LoadSampler() as sampler:
+        train_engine(cfg, graph, out=out, evaluate=False)
+    return cfg, load, sampler.background, time.perf_counter() - t0
+
+
+def predict(cfg, graph, costs, background: float, epochs: int) -> float:
+    from pipelines.engine.partition import build_plan
+    from pipelines.plan.calibrate import local_layout
+    from pipelines.plan.shape import build_stages, from_plan
+    from pipelines.plan.sim import simulate
+    from pipelines.train import model_inputs
+
+    _, a = model_inputs(cfg, graph)
+    plan = build_plan(a, cfg.partitions, cfg.intervals, cfg.partitioner, cfg.seed)
+    shape = from_plan(plan, graph.num_nodes, int(graph.summary()["edges"]), graph.feature_dim, graph.num_classes)
+    stages = build_stages(cfg.model, shape.features, shape.classes, hidden=cfg.hidden, layers=cfg.layers).stages
+    layout = local_layout(cfg, costs, background=background)
+    return simulate(layout, costs, shape, stages, epochs=epochs).epoch_time()
+
+
+class LoadSampler:
+    """Other runnable threads on the machine while a run goes: /proc/loadavg's running count (which includes
+    this sampler) minus this process's running threads, sampled every `period` seconds."""
+
+    def __init__(self, period: float = 0.05):
+        import threading
+
+        self.period = period
+        self.samples: list[float] = []
+        self._stop = threading.Event()
+        self._th = threading.Thread(target=self._loop, daemon=True)
+
+    def _ours(self) -> int:
+        n = 0
+        for t in os.listdir("/proc/self/task"):
+            try:
+                with open(f"/proc/self/task/{t}/stat") as f:
+                    n += f.read().rsplit(")", 1)[1].split()[0] == "R"
+            except OSError:
+                continue
+        return n
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.period):
+            with open("/proc/loadavg") as f:
+                running = int(f.read().split()[3].split("/")[0])
+            self.samples.append(max(running - self._ours(), 0))
+
+    def __enter__(self):
+        self._th.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._th.join()
+
+    @property
+    def background(self) -> float:
+        return sum(self.samples) / len(self.samples) if self.samples else 0.0
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--nodes", type=int, default=20000)
+    p.add_argument("--degree", type=int, default=10)
+    p.add_argument("--features", type=int, default=128)
+    p.add_argument("--intervals", type=int, default=2)
+    p.add_argument("--epochs", type=int, default=10)
+    p.add_argument("--calibration-epochs", type=int, default=16)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--full", action="store_true", help="all 54 configurations")
+    p.add_argument("--limit", type=int, help="only the first N configurations")
+    p.add_argument("--goal", type=float, default=GOAL)
+    p.add_argument("--keep", help="keep the run directories here")
+    args = p.parse_args(argv)
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    from pipelines.data.registry import load_dataset
+    from pipelines.plan.calibrate import calibrate, load_run
+
+    spec = f"synthetic:planted?nodes={args.nodes}&degree={args.degree}&features={args.features}"
+    graph = load_dataset(spec, None, seed=args.seed)
+    cores = float(os.cpu_count() or 1)
+    root = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="plan_check_"))
+    todo = configs(args.full)[: args.limit]
+    costs, rows = None, []
+    for k, c in enumerate(todo):
+        d = root / f"run{k:02d}"
+        # The calibration run is longer: its median epoch and task times are the model's inputs.
+        epochs = args.calibration_epochs if k == 0 else args.epochs
+        cfg, load, background, wall = run_one(graph, spec, c, args, d, epochs)
+        measured = load_run(d).epoch_time()
+        if costs is None:
+            costs, _ = calibrate(d, background=background, cores=cores)
+        pred = predict(cfg, graph, costs, costs.background, epochs)
+        row = {"bench": "plan-check", **c, "intervals": args.intervals, "nodes": graph.num_nodes,
+               "edges": int(graph.summary()["edges"]), "measured_epoch_s": round(measured, 4),
+               "predicted_epoch_s": round(pred, 4), "error": round(pred / measured - 1.0, 4),
+               "load_avg_1m": round(load, 2), "background_threads": round(background, 2), "calibration": k == 0,
+               "run_s": round(wall, 1)}
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    worst = max(rows, key=lambda r: abs(r["error"]))
+    summary = {"bench": "plan-check-summary", "configurations": len(rows), "goal": args.goal,
+               "within_goal": sum(abs(r["error"]) <= args.goal for r in rows),
+               "all_within_goal": all(abs(r["error"]) <= args.goal for r in rows),
+               "worst": {k: worst[k] for k in ("partitions", "workers", "task_latency_s", "staleness",
+                                                "measured_epoch_s", "predicted_epoch_s", "error")},
+               "mean_abs_error": round(sum(abs(r["error"]) for r in rows) / len(rows), 4),
+               "cores": cores, "load_avg_1m_end": round(os.getloadavg()[0], 2),
+               "calibration": costs.to_json()}
+    print(json.dumps(summary), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

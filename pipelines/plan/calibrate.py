@@ -1,0 +1,263 @@
+"""Calibration: task costs of the plan from a measured run (its timeline.jsonl, summary.json and config.toml).
+
+Per task kind the time of one task is a x base + b x wide (`shape.task_size`: nonzeros or rows, and those times
+the width moved or multiplied, on the padded block sizes every task of the run used), so it scales with the
+blocks of another partition plan; a and b are fitted with non-negative least squares to the run's
+measured spans: a tensor task's compute time (`busy`, measured on the worker), a graph server's GA/∇GA/SC/∇SC
+span, the parameter server's WU. Epoch 0 is left out (it compiles every stage). The measured times include the
+machine's other load: with `background` other runnable threads on `cores` cores, one of the run's threads got
+min(1, cores / (background + 1)) of a core, so a task's work is its time times that (the simulator then shares
+the cores among the simulated threads and the same background). Also measured: the per-message latency of the
+local transport (the fastest dispatch-to-result time minus the task's compute time, halved).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+from pathlib import Path
+
+import numpy as np
+from scipy.optimize import nnls
+
+from pipelines.config import ConfigError, build_config, load_toml
+from pipelines.engine import spans as span_log
+from ops import models
+from pipelines.plan.shape import (TENSOR_TASKS, Shape, Step, Task, build_stages, schedule, step_task,
+                                  task_size)
+from pipelines.engine.pools import autotune_start
+from pipelines.plan.cluster import Layout, Network
+from pipelines.plan.sim import simulate
+from pipelines.plan import world
+from pipelines.plan.world import epoch_time, model_reads
+
+#: A kind the calibration run did not time borrows the coefficients of kinds that do the same work (the fused
+#: last layer is an AV's forward and backward plus the loss; a VJP walks the same block as its forward).
+FALLBACK = {Task.LAST: (Task.AV_BWD, Task.LOSS), Task.LOSS: (Task.LAST,), Task.GA_BWD: (Task.GA,),
+            Task.GA: (Task.GA_BWD,), Task.SC_BWD: (Task.SC,), Task.SC: (Task.SC_BWD,), Task.AE_BWD: (Task.AE,),
+            Task.AE: (Task.AE_BWD,), Task.AV_BWD: (Task.AV,), Task.AV: (Task.AV_BWD,)}
+
+
+@dataclasses.dataclass
+class Costs:
+    """Seconds of one task of each kind on one free core of the calibration machine: a x base + b x wide."""
+
+    coef: dict           # Task -> (a, b)
+    local_latency_s: float = 0.0002
+    source: str = ""
+    samples: dict = dataclasses.field(default_factory=dict)   # Task -> number of measured spans
+    background: float = 0.0     # other runnable threads on the calibration machine while it ran
+    cores: float = 1.0
+    gs_step_s: float = 0.0      # graph-server thread time per tensor task outside any span (fitted)
+
+    def seconds(self, kind: Task, size) -> float:
+        a, b = self.coefficients(kind)
+        return a * size.base + b * size.wide
+
+    def coefficients(self, kind: Task) -> tuple[float, float]:
+        if kind in self.coef:
+            return self.coef[kind]
+        borrowed = [self.coef[k] for k in FALLBACK.get(kind, ()) if k in self.coef]
+        if not borrowed:
+            raise ConfigError(f"the calibration run ({self.source}) has no {kind.value} tasks (nor any alike) to "
+                              f"time; calibrate with a run of the same model")
+        return sum(c[0] for c in borrowed), sum(c[1] for c in borrowed)
+
+    def to_json(self) -> dict:
+        return {"source": self.source, "local_latency_s": self.local_latency_s, "background": self.background,
+                "cores": self.cores, "gs_step_s": self.gs_step_s,
+                "kinds": {k.value: {"per_base_s": self.coef[k][0], "per_wide_s": self.coef[k][1],
+                                    "samples": self.samples.get(k, 0)} for k in sorted(self.coef)}}
+
+
+@dataclasses.dataclass
+class Measured:
+    """A measured run: its config, the shape of its partition plan and its timeline."""
+
+    cfg: object
+    shape: Shape
+    stages: tuple
+    rows: list
+    summary: dict
+
+    def epoch_time(self, warmup: int = 1) -> float:
+        """Steady-state seconds per epoch (`epoch_time` of its WU completion times)."""
+        ends = sorted(r["t1"] for r in self.rows if r["kind"] == Task.WU.value)
+        if len(ends) < 2:
+            raise ConfigError("the measured run has fewer than two weight updates in its timeline")
+        return epoch_time(ends, warmup)
+
+
+def shape_of_summary(summary: dict) -> Shape:
+    """The partition plan's sizes as the run's summary records them (ghost rows spread evenly over peers)."""
+    ds, st = summary["dataset"], summary["partition_stats"]
+    P, K, n = int(st["partitions"]), int(st["intervals"]), int(ds["nodes"])
+    per = 0 if P == 1 else max(1, round(st["ghost_ratio"] * n / P / (P - 1)))
+    send = [{q: per for q in range(P) if q != p} for p in range(P)]
+    return Shape(n, int(ds["edges"]), int(ds["features"]), int(ds["classes"]), P, K, int(st["rows_pad"]),
+                 int(st["cols_pad"]), int(st["nnz_pad"]), send, [math.ceil(n / P)] * P)
+
+
+def load_run(run_dir: str | Path) -> Measured:
+    d = Path(run_dir)
+    for f in ("timeline.jsonl", "summary.json", "config.toml"):
+        if not (d / f).is_file():
+            raise ConfigError(f"calibration run {d}: no {f} (give the directory of an engine run)")
+    summary = json.loads((d / "summary.json").read_text())
+    if "partition_stats" not in summary:
+        raise ConfigError(f"calibration run {d}: not an engine run (no partition stats in summary.json)")
+    cfg = build_config(load_toml(d / "config.toml"), {})
+    shape = shape_of_summary(summary)
+    stages = build_stages(cfg.model, shape.features, shape.classes, hidden=cfg.hidden, layers=cfg.layers,
+                          heads=cfg.heads, out_heads=cfg.out_heads, order=cfg.order).stages
+    rows = span_log.read(d / "timeline.jsonl")
+    return Measured(cfg, shape, stages, rows, summary)
+
+
+def stage_order(stages) -> dict:
+    """Task -> the stages its tasks run for, in the order one interval (or graph server, for SC and ∇SC) meets
+    them within an epoch: the timeline has no stage field, so the n-th span of a kind is the n-th of these."""
+    producers, col_reads, _ = model_reads(stages)
+    order: dict = {}
+    for step, s in schedule(stages):
+        t = step_task(stages, step, s)
+        if t is not None:
+            order.setdefault(t, []).append(s)
+    order[Task.SC] = [st.index for st in stages if st.kind in ("AV", "AE", "GA")]
+    bwd = []
+    for step, s in schedule(stages):
+        if step == Step.BACKWARD or step in (Step.LAST, Step.LOSS):
+            for name, where in models.reads(stages[s]).items():
+                ps = producers[s][name]
+                if where == "cols" and ps != -1 and ps not in bwd:
+                    bwd.append(ps)
+    order[Task.SC_BWD] = bwd
+    order[Task.WU] = [0]
+    return order
+
+
+def tagged(rows: list, stages) -> list[tuple[dict, int]]:
+    """Every span with the stage it ran for, by its order within (partition, interval, epoch, kind)."""
+    order = stage_order(stages)
+    seen: dict = {}
+    out = []
+    for r in sorted(rows, key=lambda r: r["t0"]):
+        try:
+            kind = Task(r["kind"])
+        except ValueError:
+            continue
+        if kind == Task.WAIT:
+            continue
+        part = r.get("partition", r["lane"])
+        key = (part, r["interval"], r["epoch"], kind)
+        n = seen.get(key, 0)
+        seen[key] = n + 1
+        stages_of = order.get(kind, [])
+        if n < len(stages_of):
+            out.append((r, stages_of[n]))
+    return out
+
+
+def _partition(r: dict) -> int:
+    if "partition" in r:
+        return int(r["partition"])
+    lane = r["lane"]
+    return int(lane.rsplit("-", 1)[1]) if lane.startswith("graph-server-") else 0
+
+
+def samples(m: Measured, skip_epochs: int = 1) -> dict:
+    """Task -> list of (work, seconds) measured in the run (epochs below skip_epochs left out)."""
+    out: dict = {}
+    for r, s in tagged(m.rows, m.stages):
+        kind = Task(r["kind"])
+        if r["epoch"] < skip_epochs:
+            continue
+        if kind in TENSOR_TASKS:
+            if r.get("busy") is None or r.get("attempt", 0):
+                continue
+            secs = float(r["busy"])
+        else:
+            secs = r["t1"] - r["t0"]
+        size = task_size(m.stages, m.shape, kind, s, _partition(r))
+        out.setdefault(kind, []).append((size.base, size.wide, secs))
+    return out
+
+
+def fit(points: list[tuple[float, float, float]]) -> tuple[float, float] | None:
+    """(a, b) >= 0 minimizing the squared error of a x base + b x wide on per-size median times (the median
+    epoch is what the plan predicts, so the typical task, not the one a burst of other load slowed). None when
+    every task had no work (SC with one partition sends nothing): such a run cannot time the kind."""
+    by_size: dict = {}
+    for base, wide, t in points:
+        if base > 0 or wide > 0:
+            by_size.setdefault((base, wide), []).append(t)
+    if not by_size:
+        return None
+    keys = sorted(by_size)
+    ys = np.array([float(np.quantile(by_size[k], world.QUANTILE)) for k in keys])
+    a = np.array([[k[0], k[1]] for k in keys], float)
+    if len(keys) == 1:   # one size: all of it per base unit (both scale with the block)
+        return (float(ys[0] / a[0, 0]), 0.0) if a[0, 0] > 0 else (0.0, float(ys[0] / max(a[0, 1], 1.0)))
+    scale = np.maximum(a.max(axis=0), 1e-30)
+    sol, _ = nnls(a / scale, ys)
+    return float(sol[0] / scale[0]), float(sol[1] / scale[1])
+
+
+def calibrate(run_dir: str | Path, skip_epochs: int = 1, *, background: float = 0.0,
+              cores: float | None = None) -> tuple[Costs, Measured]:
+    """Task costs of a measured engine run (measured with `background` other runnable threads on `cores`)."""
+    m = load_run(run_dir)
+    cores = float(cores or os.cpu_count() or 1)
+    pts = samples(m, skip_epochs)
+    if not pts:
+        raise ConfigError(f"calibration run {run_dir}: no timed tasks after epoch {skip_epochs - 1} "
+                          f"(train for more epochs)")
+    share = min(1.0, cores / (background + 1.0))
+    fits = {kind: fit(p) for kind, p in pts.items()}
+    coef = {kind: (f[0] * share, f[1] * share) for kind, f in fits.items() if f is not None}
+    kinds = {t.value for t in TENSOR_TASKS}
+    lat = [r["t1"] - r["t0"] - float(r["busy"]) for r in m.rows
+           if r["kind"] in kinds and r.get("busy") is not None and r["epoch"] >= skip_epochs]
+    latency = max(float(np.percentile(lat, 5)) / 2, 0.0) if lat else 0.0002
+    costs = Costs(coef, latency, str(run_dir), {k: len(v) for k, v in pts.items()}, background, cores)
+    costs.local_latency_s = fit_wakeup(costs, m)
+    return costs, m
+
+
+def local_layout(cfg, costs: Costs, *, background: float | None = None, cores: float | None = None) -> Layout:
+    """The simulated layout of a local engine run of `cfg` on this machine."""
+    backend = "inline" if cfg.mode == "cpu-only" else "pool"
+    tw = cfg.tensor_workers
+    if tw == "aws":
+        raise ConfigError("a local layout has no AWS Lambdas: give a pool size")
+    workers = autotune_start(cfg) if tw == "auto" else int(tw)
+    return Layout("local", cfg.partitions, workers, backend=backend, staleness=cfg.staleness,
+                  cores=costs.cores if cores is None else cores,
+                  background=costs.background if background is None else background,
+                  task_latency_s=cfg.task_latency_s, net=Network(local_latency_s=costs.local_latency_s),
+                  straggler_k=cfg.straggler_k, straggler_min_s=cfg.straggler_min_s)
+
+
+def fit_wakeup(costs: Costs, m: Measured, hi: float = 0.1, rounds: int = 14) -> float:
+    """The per-message hand-off latency that makes the simulated calibration run as slow as the measured one
+    (bisection; the simulated epoch time grows with it). A message wakes a thread (a graph server's poll, a
+    worker's queue, the parameter server); on a loaded machine that thread waits for a core first, so on the
+    schedule's critical path every hand-off costs the scheduler's latency, which the spans do not show."""
+    target = m.epoch_time()
+    epochs = max(int(m.cfg.epochs), 3)
+
+    def predicted(x: float) -> float:
+        c = dataclasses.replace(costs, local_latency_s=x)
+        return simulate(local_layout(m.cfg, c), c, m.shape, m.stages, epochs).epoch_time()
+
+    lo = costs.local_latency_s
+    if predicted(lo) >= target:
+        return lo
+    for _ in range(rounds):
+        mid = (lo + hi) / 2
+        if predicted(mid) < target:
+            lo = mid
+        else:
+            hi = mid
+    return (lo + hi) / 2

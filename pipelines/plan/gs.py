@@ -1,0 +1,354 @@
+"""The simulated graph server: `pipelines.engine.graph_server.GraphServer`'s loop, gates and stores as counts.
+
+Mirrors the engine method for method (run, handle, _on_result, _on_outputs, _scatter, _col_grad, _bwd_total,
+_try_step, _check_stragglers); instead of arrays it keeps which intervals, epochs and partitions have
+delivered what, and instead of computing it yields the task's time on the graph server's thread.
+"""
+from __future__ import annotations
+
+import collections
+
+from ops import models
+from pipelines.plan import des
+from pipelines.plan.shape import Step, Task, schedule, step_task, widths
+from pipelines.plan.world import GS_POLL_BUSY_S, GS_POLL_IDLE_S, Msg, World, model_reads
+
+TENSOR_RESULTS = {Task.AV.value, Task.AE.value, Task.LAST.value, Task.LOSS.value, Task.AV_BWD.value,
+                  Task.AE_BWD.value}
+
+
+class GraphServerSim:
+    def __init__(self, world: World, p: int, pool, epochs: int):
+        self.w = world
+        self.loop = world.loop
+        self.p = p
+        L = world.L
+        self.P = L.partitions
+        self.K = world.shape.intervals
+        self.S = 0 if L.staleness is None else L.staleness
+        self.sync_barrier = L.staleness is None
+        self.stages = world.stages
+        self.sched = schedule(self.stages)
+        self.tasks = {(k, s): step_task(self.stages, k, s) for k, s in self.sched}
+        self.producers, self.col_reads, self.row_consumers = model_reads(self.stages)
+        self.widths = widths(self.stages, world.shape.features)
+        self.recv_from = sorted(world.shape.recv(p))   # partitions whose rows this one ghosts
+        self.send_to = sorted(world.shape.send[p])     # partitions that ghost this one's rows
+        self.pool = pool
+        self.peers: list = []
+        self.inbox = des.Inbox(self.loop)
+        self.cpu = world.gs_cpu[p]
+        self.epoch = [0] * self.K
+        self.step = [0] * self.K
+        self.grads = [set() for _ in range(self.K)]
+        self.fwd_done = collections.defaultdict(lambda: collections.defaultdict(set))
+        self.ghost_wm = collections.defaultdict(lambda: {q: -1 for q in self.recv_from})
+        self.bwd_local = collections.defaultdict(lambda: collections.defaultdict(set))
+        self.bwd_sum = collections.defaultdict(set)
+        self.bwd_remote = collections.defaultdict(lambda: collections.defaultdict(set))
+        self.bwd_wm = collections.defaultdict(lambda: {q: -1 for q in self.send_to})
+        self.bwd_total = collections.defaultdict(set)
+        self.global_wm = collections.defaultdict(set)
+        self.latest_version = -1
+        self.arrived_version = -1     # newest version on the weights channel, seen at the loop's top
+        self.inflight: dict = {}
+        self.busy_intervals = collections.Counter()   # interval -> tasks in flight (the engine scans inflight)
+        self.ema: dict = {}
+        self.relaunches = 0
+        self.duplicates = 0
+        self.max_staleness = 0
+        self.busy = 0.0
+        self.stop_after = epochs - 1
+        self.lane = f"graph-server-{p}"
+        self._waiting: list = [None] * self.K
+
+    # ------------------------------------------------------------------------------------------------ helpers
+    @property
+    def finished(self) -> bool:
+        return all(e > self.stop_after for e in self.epoch)
+
+    def describe(self) -> str:
+        return f"graph server {self.p}: epochs {self.epoch}, steps {self.step}, in flight {len(self.inflight)}"
+
+    def version_for(self, e: int) -> int:
+        return max(e - self.S, 0)
+
+    def receive(self, msg: Msg) -> None:
+        self.inbox.put(msg)
+
+    def weights(self, version: int) -> None:
+        self.arrived_version = max(self.arrived_version, version)
+        if self.inflight:
+            # The engine would see it within one busy poll (2 ms); the simulated loop, which sleeps until a
+            # message or a straggler deadline rather than every 2 ms, is woken then instead.
+            self.loop.after(GS_POLL_BUSY_S, self.inbox.put, Msg("NUDGE", -1, -1, -1, self.p))
+
+    def _run_task(self, kind: Task, s: int):
+        cmd = self.w.compute("gs", self.cpu, kind, s, self.p)
+        t0 = self.loop.now
+        yield cmd
+        self.busy += self.loop.now - t0
+        return t0
+
+    def _wait(self, i: int, gate: str) -> bool:
+        w = self._waiting[i]
+        if w is None:
+            self._waiting[i] = [self.loop.now, gate]
+        else:
+            w[1] = gate
+        return False
+
+    def _end_wait(self, i: int, e: int, step: str) -> None:
+        w = self._waiting[i]
+        if w is not None:
+            self._waiting[i] = None
+            self.w.span(self.lane, Task.WAIT, e, i, w[0], self.loop.now, gate=w[1], step=step)
+
+    def _send_peer(self, q: int, msg: Msg, nbytes: int, channel: str) -> None:
+        nic = self.w.gs_nic[q] if self.w.L.kind != "local" else None
+        self.w.deliver(str(self.p), nic, nbytes, channel, self.peers[q].receive, msg)
+
+    # ------------------------------------------------------------------------------------------------ forward
+    def _col_gate(self, e: int, ps: int, name: str) -> str | None:
+        if ps == -1:
+            return None
+        if len(self.fwd_done[ps][e]) < self.K:
+            return "local"
+        e_ghost = max(e - self.S, 0)
+        wm = self.ghost_wm[(ps, name)]
+        if wm and min(wm.values()) < e_ghost:
+            return "ghosts"
+        if self.sync_barrier and len(self.global_wm[("F", ps, e)]) < self.P - 1:
+            return "barrier"
+        if wm and e_ghost != e:
+            self.max_staleness = max(self.max_staleness, e - e_ghost)
+        return None
+
+    def _inputs_gate(self, e: int, s: int) -> str | None:
+        for name, where in models.reads(self.stages[s]).items():
+            if where == "cols":
+                gate = self._col_gate(e, self.producers[s][name], name)
+                if gate:
+                    return gate
+        return None
+
+    def _on_outputs(self, i: int, e: int, s: int):
+        self.fwd_done[s][e].add(i)
+        if len(self.fwd_done[s][e]) == self.K:
+            yield from self._scatter(s, e)
+
+    def _scatter(self, s: int, e: int):
+        t0 = yield from self._run_task(Task.SC, s)
+        for (ps, name) in self.col_reads:
+            if ps != s:
+                continue
+            width = self.widths[s]["out"].get(name, 1)
+            for q in self.send_to:
+                n = self.w.shape.send[self.p][q]
+                self._send_peer(q, Msg("SC", e, s, -1, self.p, meta={"name": name}), n * (4 * width + 8), "ghosts")
+        for q in range(self.P):
+            if q != self.p:
+                self._send_peer(q, Msg("WM", e, s, -1, self.p, meta={"dir": "F"}), 0, "watermarks")
+        self.w.span(self.lane, Task.SC, e, -1, t0, self.loop.now)
+
+    # ------------------------------------------------------------------------------------------------ backward
+    def _bwd_gate(self, ps: int, name: str, e: int) -> str | None:
+        if e in self.bwd_total[(ps, name)]:
+            return None
+        if e not in self.bwd_sum[(ps, name)]:
+            return "local"
+        e_ghost = max(e - self.S, 0)
+        wm = self.bwd_wm[(ps, name)]
+        if wm and min(wm.values()) < e_ghost:
+            return "ghost_grads"
+        if self.sync_barrier and len(self.global_wm[("B", ps, e)]) < self.P - 1:
+            return "barrier"
+        if any(q not in self.bwd_remote[(ps, name)][e_ghost] for q in self.send_to):
+            return "ghost_grads"
+        self.bwd_total[(ps, name)].add(e)
+        return None
+
+    def _out_grads_gate(self, i: int, e: int, s: int) -> str | None:
+        for name in models.writes(self.stages[s]):
+            if (s, name) in self.col_reads:
+                gate = self._bwd_gate(s, name, e)
+                if gate:
+                    return gate
+            elif (s, name) in self.grads[i]:
+                continue
+            elif self.row_consumers.get((s, name)):
+                return "local"
+        return None
+
+    def _col_grad(self, i: int, e: int, ps: int, name: str):
+        done = self.bwd_local[(ps, name)][e]
+        done.add(i)
+        if len(done) < self.K:
+            return
+        del self.bwd_local[(ps, name)][e]
+        t0 = yield from self._run_task(Task.SC_BWD, ps)
+        self.bwd_sum[(ps, name)].add(e)
+        width = self.widths[ps]["out"].get(name, 1)
+        for q in self.recv_from:
+            n = self.w.shape.send[q][self.p]
+            self._send_peer(q, Msg("SC_BWD", e, ps, -1, self.p, meta={"name": name}), n * (4 * width + 8),
+                            "ghosts.grad")
+        for q in range(self.P):
+            if q != self.p:
+                self._send_peer(q, Msg("WM", e, ps, -1, self.p, meta={"dir": "B"}), 0, "watermarks")
+        self.w.span(self.lane, Task.SC_BWD, e, -1, t0, self.loop.now)
+
+    def _deposit(self, i: int, e: int, s: int, names):
+        for name in names:
+            ps = self.producers[s][name]
+            if ps == -1:
+                continue
+            if models.reads(self.stages[s])[name] == "cols":
+                yield from self._col_grad(i, e, ps, name)
+            else:
+                self.grads[i].add((ps, name))
+
+    def _wrt(self, s: int) -> list[str]:
+        return [n for n in models.reads(self.stages[s]) if self.producers[s][n] != -1]
+
+    # ------------------------------------------------------------------------------------------------ tasks
+    def _overhead(self):
+        """The graph server's own work around a tensor task (gathering its inputs, handling its result), which
+        its timeline does not show as a span: calibrated per task (`Costs.gs_step_s`)."""
+        sec = self.w.costs.gs_step_s / self.w.speed["gs"]
+        if sec > 0:
+            t0 = self.loop.now
+            yield des.Compute(self.cpu, sec, 1.0)
+            self.busy += self.loop.now - t0
+
+    def _dispatch(self, kind: Task, i: int, e: int, s: int):
+        yield from self._overhead()
+        msg = Msg(kind.value, e, s, i, self.p, self.version_for(e), meta={"attempt": 0})
+        self.inflight[msg.key] = [msg, self.loop.now, 0]
+        self.busy_intervals[i] += 1
+        self.pool.submit(msg)
+
+    def _check_stragglers(self) -> None:
+        L = self.w.L
+        for key, entry in list(self.inflight.items()):
+            msg, sent, attempts = entry
+            limit = max(L.straggler_min_s, L.straggler_k * self.ema.get(msg.kind, L.straggler_min_s))
+            if self.loop.now - sent > limit:
+                entry[1] = self.loop.now
+                entry[2] = attempts + 1
+                self.relaunches += 1
+                self.pool.submit(Msg(msg.kind, msg.epoch, msg.stage, msg.interval, msg.partition, msg.version,
+                                     meta={"attempt": attempts + 1, "reason": "late"}))
+
+    def _on_result(self, msg: Msg):
+        entry = self.inflight.pop(msg.key, None)
+        if entry is None:
+            self.duplicates += 1
+            return
+        self.busy_intervals[msg.interval] -= 1
+        now = self.loop.now
+        dt = now - entry[1]
+        self.w.span("tensor-workers", msg.kind, msg.epoch, msg.interval, entry[1], now, partition=self.p,
+                    attempt=entry[2], busy=msg.meta.get("busy_s"))
+        if entry[2] == 0:
+            self.ema[msg.kind] = dt if msg.kind not in self.ema else 0.8 * self.ema[msg.kind] + 0.2 * dt
+        yield from self._overhead()
+        i, e, s = msg.interval, msg.epoch, msg.stage
+        if e != self.epoch[i]:
+            raise RuntimeError(f"simulated result {msg.kind} for interval {i} epoch {e} in epoch {self.epoch[i]}")
+        if msg.kind in (Task.AV.value, Task.AE.value):
+            yield from self._on_outputs(i, e, s)
+        elif msg.kind in (Task.LAST.value, Task.LOSS.value):
+            yield from self._deposit(i, e, s, ["h"])
+        else:
+            yield from self._deposit(i, e, s, self._wrt(s))
+        self.step[i] += 1
+
+    def handle(self, msg: Msg):
+        if msg.kind == "NUDGE":
+            return
+        if msg.kind == "WM":
+            self.global_wm[(msg.meta["dir"], msg.stage, msg.epoch)].add(msg.partition)
+        elif msg.kind == "SC":
+            wm = self.ghost_wm[(msg.stage, msg.meta["name"])]
+            wm[msg.partition] = max(wm[msg.partition], msg.epoch)
+        elif msg.kind == "SC_BWD":
+            key = (msg.stage, msg.meta["name"])
+            self.bwd_remote[key][msg.epoch].add(msg.partition)
+            self.bwd_wm[key][msg.partition] = max(self.bwd_wm[key][msg.partition], msg.epoch)
+        elif msg.kind in TENSOR_RESULTS:
+            yield from self._on_result(msg)
+        else:
+            raise RuntimeError(f"simulated graph server got {msg.kind}")
+
+    def try_step(self, i: int):
+        """Fire interval i's next step if its inputs are there (the engine's `_try_step`); True if it did."""
+        e = self.epoch[i]
+        if e > self.stop_after:
+            return False
+        if self.step[i] == len(self.sched):
+            self.epoch[i] += 1
+            self.step[i] = 0
+            self.grads[i] = set()
+            return True
+        step, s = self.sched[self.step[i]]
+        if self.busy_intervals[i]:
+            return False
+        if self.step[i] == 0 and self.latest_version < self.version_for(e):
+            return self._wait(i, "weights")
+        task = self.tasks[(step, s)]
+        if step != Step.BACKWARD:
+            gate = self._inputs_gate(e, s)
+            if gate:
+                return self._wait(i, gate)
+            self._end_wait(i, e, f"{step.value}{s}")
+            if task == Task.GA:
+                t0 = yield from self._run_task(Task.GA, s)
+                self.w.span(self.lane, Task.GA, e, i, t0, self.loop.now)
+                self.step[i] += 1
+                yield from self._on_outputs(i, e, s)
+                return True
+            yield from self._dispatch(task, i, e, s)
+            return True
+        gate = self._out_grads_gate(i, e, s)
+        if gate:
+            return self._wait(i, gate)
+        self._end_wait(i, e, f"B{s}")
+        if task is None:
+            self.step[i] += 1
+            return True
+        if task == Task.GA_BWD:
+            t0 = yield from self._run_task(Task.GA_BWD, s)
+            self.w.span(self.lane, Task.GA_BWD, e, i, t0, self.loop.now)
+            self.step[i] += 1
+            yield from self._deposit(i, e, s, self._wrt(s))
+            return True
+        yield from self._dispatch(task, i, e, s)
+        return True
+
+    def _poll_timeout(self, fresh: bool) -> float:
+        """The engine polls every 2 ms while tasks are in flight, to check for stragglers; nothing else happens
+        on such a timeout, so the simulation sleeps until the first straggler deadline instead (same events)."""
+        if not self.inflight:
+            return GS_POLL_IDLE_S
+        if fresh:   # a new weight version: the next step may fire after this poll, as in the engine
+            return GS_POLL_BUSY_S
+        L = self.w.L
+        due = min(sent + max(L.straggler_min_s, L.straggler_k * self.ema.get(msg.kind, L.straggler_min_s))
+                  for msg, sent, _ in self.inflight.values())
+        return max(GS_POLL_BUSY_S, due - self.loop.now + 1e-9)
+
+    def run(self):
+        while not self.finished:
+            fresh = self.arrived_version > self.latest_version
+            self.latest_version = max(self.latest_version, self.arrived_version)
+            yield des.Poll(self.inbox, self._poll_timeout(fresh))
+            for msg in self.inbox.drain():
+                yield from self.handle(msg)
+            progressed = True
+            while progressed:
+                progressed = False
+                for i in range(self.K):
+                    while (yield from self.try_step(i)):
+                        progressed = True
+            self._check_stragglers()
