@@ -13,6 +13,8 @@ import math
 import types
 
 from ops import models
+from ops.spec import ModelSpec
+from pipelines.config import TrainConfig
 from schemas.tasks import Step, TaskKind as Task  # the engine's own vocabulary
 
 
@@ -27,13 +29,10 @@ F32 = 4
 
 def build_stages(model: str, features: int, classes: int, *, hidden: int | None = None, layers: int = 2,
                  heads: int | None = None, out_heads: int | None = None, order: str = "auto"):
-    """The model's stages, built by the trainer's own `build_model` (so the plan runs the engine's stage list)."""
-    from pipelines.config import TrainConfig
-    from pipelines.train import build_model
-
+    """The model the config names, built from its `ops.spec.ModelSpec` (so the plan runs the engine's stage list)."""
     cfg = TrainConfig(model=model, hidden=hidden, layers=layers, heads=heads, out_heads=out_heads,
                       order=order).resolved()
-    return build_model(cfg, types.SimpleNamespace(feature_dim=features, num_classes=classes))
+    return ModelSpec.from_config(cfg, features, classes).build()
 
 
 def schedule(stages) -> list[tuple[Step, int]]:
