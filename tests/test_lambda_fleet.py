@@ -160,6 +160,21 @@ def test_endpoint_settings_are_checked(fleet_env, monkeypatch):
     assert pool.endpoints == fleet_env.endpoints[:2] and pool.size == 2 and pool.function == "function"
 
 
+def test_unreachable_endpoint_is_one_line_exit_2(monkeypatch, tmp_path, capsys):
+    from pipelines.cli import main
+    from tests.lambda_fixtures import _free_port
+
+    for k, v in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                 "AWS_DEFAULT_REGION": "us-east-1"}.items():
+        monkeypatch.setenv(k, v)
+    url = f"http://127.0.0.1:{_free_port()}"  # nothing listens there
+    code = main(["train", "--dataset", "synthetic:planted?nodes=200&classes=3&features=8", "--partitions", "2",
+                 "--epochs", "1", "--quiet", "--out", str(tmp_path / "r"), "--tensor-workers", "aws",
+                 "--lambda-endpoint", url])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and err[0].startswith(f"dorylus: error: cannot reach Lambda endpoint {url}")
+
+
 def test_emulator_killed_mid_run_finishes_with_the_same_weights(fleet_env):
     """One of the 4 emulators is SIGKILLed mid-run (with its runtime): the in-flight and later invocations that
     reach it fail to connect and go to the other three; the run ends with the local pool's weights."""
@@ -171,3 +186,4 @@ def test_emulator_killed_mid_run_finishes_with_the_same_weights(fleet_env):
     assert dead["down_events"] >= 1 and st["connection_errors"] >= 1 and st["failed_tasks"] == 0
     others = [e for e in st["endpoints"] if e["url"] != fleet_env.endpoints[0]]
     assert all(e["invocations"] > 0 for e in others)
+

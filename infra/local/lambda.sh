@@ -9,7 +9,7 @@
 #   infra/local/lambda.sh status                    # "running N/M" and one line per emulator; exit 0 / 3 (stopped)
 #   infra/local/lambda.sh stop                      # SIGTERM each emulator (it ends its runtime), wait, SIGKILL
 #
-# Each emulator is one Lambda instance: it serves one invocation at a time (a second concurrent one is refused),
+# Each emulator is one Lambda instance: it serves one invocation at a time (a second one at once crashes it),
 # and prints START/END/REPORT lines (Duration, Billed Duration, Memory Size) for every invocation to its log.
 # The emulators inherit this environment: pass AWS_ENDPOINT_URL_S3, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY
 # (and AWS_DEFAULT_REGION) so the handler reaches the same S3 endpoint as the driver.

@@ -186,12 +186,6 @@ class AwsLambdaPool(QueuedPool):
             self._clients_by_ep.append(c)
         self.lam = self._clients_by_ep[0]
         self._eps = lambda_fleet.Endpoints(self.endpoints)
-        logs = lambda_fleet.fleet_logs(self.endpoints)
-        self.reports = lambda_fleet.RuntimeReports(logs) if logs else None
-        if len(logs) < len(self.endpoints):
-            log.warning("AWS Lambda backend: no emulator log known for %d of %d endpoints (not in a lambda.sh "
-                        "state file): billed GB-seconds from the runtimes' reports cover only the others",
-                        len(self.endpoints) - len(logs), len(self.endpoints))
 
     def _check_endpoints(self) -> dict | None:
         """GetFunction on every endpoint: unreachable is an error; an endpoint without the API (the emulator's
@@ -213,10 +207,13 @@ class AwsLambdaPool(QueuedPool):
                 missing.append(url)
             except BotoCoreError as e:
                 raise AwsSetupError(f"cannot reach Lambda endpoint {url}: {e}") from None
+        logs = lambda_fleet.fleet_logs(self.endpoints)
+        self.reports = lambda_fleet.RuntimeReports(logs) if logs else None
         if missing:
             log.warning("AWS Lambda backend: %d of %d endpoints do not serve GetFunction (Runtime Interface "
                         "Emulators?): not checking the function there; memory from the runtimes' REPORT lines, else "
-                        "lambda_memory_mb", len(missing), len(self.endpoints))
+                        "lambda_memory_mb; REPORT lines read from %d emulator logs (lambda.sh state file)",
+                        len(missing), len(self.endpoints), len(logs))
         return conf
 
     def check(self) -> None:
@@ -269,6 +266,8 @@ class AwsLambdaPool(QueuedPool):
         if self._eps is not None:
             self._eps.close()  # wakes invokers waiting for an endpoint
         super().stop()
+        if self.reports is not None:  # the final figure: every REPORT line of the run read
+            self.reports.summary(settle_s=1.0)
         if self.s3 is not None and not self.keep_objects:
             for bucket, key in list(self._objects):
                 self._delete(bucket, key)

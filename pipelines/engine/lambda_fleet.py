@@ -1,7 +1,8 @@
 """Lambda Invoke endpoints given by URL (a local fleet of Runtime Interface Emulators, `infra/local/lambda.sh`):
 which endpoint takes the next invocation, which are down, and the billed durations the runtimes report.
 
-An endpoint is one Lambda instance: it serves one invocation at a time (the emulator refuses a second), so the
+An endpoint is one Lambda instance: it serves one invocation at a time (an emulator given a second one at once
+crashes: a nil-pointer panic in v1.23.0), so the
 backend's concurrency is the number of endpoints and each invocation takes a free, live endpoint (the one idle
 longest). An endpoint that does not answer (connection refused or cut) is down for a cooldown that doubles per
 failure (1 s .. 30 s), then tried again; its task is retried on another one.
@@ -20,7 +21,7 @@ import threading
 import time
 from pathlib import Path
 
-from pipelines.config import parse_endpoints
+from pipelines.config import ConfigError, parse_endpoints
 
 ENDPOINT_ENV = "AWS_ENDPOINT_URL_LAMBDA"   # boto3's own variable; here it may list several URLs
 STATE_ENV = "DORYLUS_LAMBDA_STATE"
@@ -34,6 +35,18 @@ _REPORT_RE = re.compile(r"REPORT RequestId: (\S+)\t(?:Init Duration: [0-9.]+ ms\
 def resolve_endpoints(value: str | None) -> list[str]:
     """The configured endpoints, else those of AWS_ENDPOINT_URL_LAMBDA (comma-separated), else none (AWS)."""
     return parse_endpoints(value) or parse_endpoints(os.environ.get(ENDPOINT_ENV))
+
+
+def endpoint_share(value: str | None, k: int, n: int) -> str | None:
+    """The endpoints tensor-worker process k of n invokes: every n-th one, so that no endpoint ever gets two
+    invocations at once from different processes (an emulator given a second one crashes)."""
+    urls = resolve_endpoints(value)
+    if not urls or n == 1:
+        return value
+    if len(urls) < n:
+        raise ConfigError(f"tensor-worker: --workers {n} needs at least {n} Lambda endpoints (each serves one "
+                          f"invocation at a time), got {len(urls)}")
+    return ",".join(urls[k::n])
 
 
 def fleet_logs(urls: list[str], state_dir: str | Path | None = None) -> dict[str, str]:
@@ -133,10 +146,15 @@ class RuntimeReports:
                 if m and m.group(1) in self._sent:
                     self._seen[m.group(1)] = (float(m.group(3)), int(m.group(4)))
 
-    def summary(self) -> dict:
-        """invocations sent and reported, billed ms, memory and GB-seconds (billed x memory, per invocation)."""
+    def summary(self, settle_s: float = 0.0) -> dict:
+        """invocations sent and reported, billed ms, memory and GB-seconds (billed x memory, per invocation);
+        settle_s: wait up to that long for REPORT lines not yet read (the run's final figure)."""
+        deadline = time.monotonic() + settle_s
         with self._lock:
             self._scan()
+            while len(self._seen) < len(self._sent) and time.monotonic() < deadline:
+                time.sleep(0.05)
+                self._scan()
             seen = list(self._seen.values())
             sent = len(self._sent)
         mems = sorted({m for _, m in seen})
