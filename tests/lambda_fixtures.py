@@ -159,13 +159,9 @@ def _check_can_start() -> None:
                                "not on PATH to build it")
 
 
-_fleet: LocalLambdaFleet | None = None
-
-
 @pytest.fixture(scope="session")
 def lambda_fleet() -> LocalLambdaFleet:
     """The session's fleet of 4 emulators and its S3 server (started on first use, stopped at the end)."""
-    global _fleet
     try:
         _check_can_start()
     except FleetUnavailable as e:
@@ -180,9 +176,7 @@ def lambda_fleet() -> LocalLambdaFleet:
         raise
     print(f"\n[lambda_fixtures] {fleet.workers} emulators and S3 at {fleet.s3_endpoint} up in "
           f"{fleet.startup_s:.1f}s", file=sys.stderr)
-    _fleet = fleet
     yield fleet
-    _fleet = None
     fleet.close()
 
 
