@@ -85,6 +85,9 @@ def _train_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--lambda-memory-mb", type=int, help="the function's memory setting, for billed GB-seconds "
                                                         "of local-pool runs (default 3008)")
     g.add_argument("--lambda-concurrency", type=int, help="concurrent Lambda invocations (default: autotuned)")
+    g.add_argument("--lambda-endpoint", metavar="URL[,URL...]",
+                   help="Lambda Invoke endpoints (a local fleet: infra/local/lambda.sh endpoints; default "
+                        "$AWS_ENDPOINT_URL_LAMBDA): one invocation at a time on each, spread over all")
     g.add_argument("--graph-instance", help="EC2 type the cost model bills graph servers as (c5n.2xlarge)")
     g.add_argument("--ps-instance", help="EC2 type the cost model bills the parameter server as (c5.xlarge)")
     g.add_argument("--prices", help="price table (TOML) overriding pipelines/prices.toml")

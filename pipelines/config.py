@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import sys
+import urllib.parse
 from pathlib import Path
 from typing import Any
 
@@ -70,6 +72,7 @@ class TrainConfig:
     s3_prefix: str = "tensor-workers"   # the prefix infra/terraform lets the function read and write
     lambda_memory_mb: int = 3008
     lambda_concurrency: int | None = None   # aws: concurrent invocations; unset: autotuned
+    lambda_endpoint: str | None = None  # aws: Invoke endpoint URL[,URL...] (a local emulator fleet); one at a time each
     graph_instance: str = "c5n.2xlarge"
     ps_instance: str = "c5.xlarge"
     prices: str | None = None           # price table overriding pipelines/prices.toml
@@ -120,8 +123,10 @@ class TrainConfig:
         need(self.mode in ("serverless", "cpu-only"), f"mode must be serverless or cpu-only, got {self.mode!r}")
         need(not (self.mode == "cpu-only" and self.tensor_workers == "aws"),
              "mode cpu-only runs the tensor tasks on the graph servers; it does not take tensor_workers = aws")
-        need(self.tensor_workers != "aws" or bool(self.function),
+        need(self.tensor_workers != "aws" or bool(self.function or self.lambda_endpoint
+                                                  or os.environ.get("AWS_ENDPOINT_URL_LAMBDA")),
              "tensor_workers = aws needs a Lambda function (--function NAME)")
+        parse_endpoints(self.lambda_endpoint)
         need(self.lambda_memory_mb is not None and 128 <= self.lambda_memory_mb <= 10240,
              f"lambda_memory_mb must be in [128, 10240] (Lambda's range), got {self.lambda_memory_mb}")
         need(self.lambda_concurrency is None or self.lambda_concurrency >= 1,
@@ -164,6 +169,24 @@ def parse_staleness(value) -> int | None:
     if s < 0:
         raise ConfigError(f"staleness must be none or an integer >= 0, got {s}")
     return s
+
+
+def parse_endpoints(value: str | None) -> list[str]:
+    """`URL[,URL...]` as a list; each URL is http(s)://HOST:PORT (a path is not allowed)."""
+    if value is None or not str(value).strip():
+        return []
+    urls = [u.strip().rstrip("/") for u in str(value).split(",")]
+    for u in urls:
+        p = urllib.parse.urlparse(u)
+        try:
+            bad_port = p.port is None and ":" in p.netloc.rsplit("]", 1)[-1]
+        except ValueError:
+            bad_port = True
+        if p.scheme not in ("http", "https") or not p.hostname or p.path or bad_port:
+            raise ConfigError(f"lambda_endpoint: {u!r} is not an endpoint URL (http://HOST:PORT)")
+    if len(set(urls)) != len(urls):
+        raise ConfigError(f"lambda_endpoint: {value!r} names an endpoint twice")
+    return urls
 
 
 def parse_tensor_workers(value) -> int | str:

@@ -206,6 +206,10 @@ class _PoolsReport:
         for k in self._SUMMED:
             if any(k in p for p in self.pools):
                 out[k] = sum(p.get(k, 0) for p in self.pools)
+        reps = [p["runtime_reports"] for p in self.pools if p.get("runtime_reports")]
+        if reps:  # the Lambda runtimes' own REPORT lines, each process's endpoints' share
+            out["runtime_reports"] = {**reps[0], **{k: sum(r[k] for r in reps) for k in (
+                "logs", "invocations_sent", "invocations_reported", "unreported", "billed_ms", "gb_s")}}
         return out
 
 

@@ -25,6 +25,7 @@ a tensor worker ``tensor-worker-<k>.json`` (the weight versions it has seen, its
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import re
@@ -39,6 +40,7 @@ import numpy as np
 
 from ops import params as P
 from pipelines import rundir
+from pipelines.engine.lambda_fleet import endpoint_share
 from pipelines.engine.messages import EngineError
 from schemas.tasks import Channel, Lifecycle, Message
 
@@ -320,6 +322,8 @@ def cmd_tensor_worker(args) -> int:
     role = f"tensor-worker-{k}"
 
     def body(cfg, graph, t):
+        if cfg.tensor_workers == "aws":  # each Lambda endpoint to one process only
+            cfg = dataclasses.replace(cfg, lambda_endpoint=endpoint_share(cfg.lambda_endpoint, k, args.workers))
         pool = build_tensor_workers(cfg, graph, t)
         control = t.consumer([(Channel.CONTROL, worker_control_partition(cfg.partitions))], group=f"{role}-control")
         pool.start()

@@ -1,13 +1,16 @@
 """Shared pytest fixtures: the datasets folder, Kafka brokers, the FlinkRunner's flags, the memory-engine reference
 run of the Kafka fault tests, and AWS environments for moto. The helpers behind them live in tests/support/."""
 import os
+import sys
 
 import pytest
 
+from ops import refs
 from pipelines.beam.runners import RunnerUnavailable, runner_options
 from tests.support import datasets_dir
 from tests.support.kafka import KafkaUnavailable, SessionBroker
 from tests.support.kafka_runs import EPOCHS
+from tests.support.lambda_fleet import FleetUnavailable, LocalLambdaFleet, check_can_start
 
 EXTERNAL_KAFKA = "DORYLUS_KAFKA_BOOTSTRAP"
 
@@ -119,3 +122,36 @@ def no_aws_credentials(monkeypatch, tmp_path):
     monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
     monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
     yield
+
+
+@pytest.fixture(scope="session")
+def lambda_fleet() -> LocalLambdaFleet:
+    """The session's fleet of 4 emulators and its S3 server (started on first use, stopped at the end)."""
+    try:
+        check_can_start()
+    except FleetUnavailable as e:
+        if os.environ.get("DORYLUS_LAMBDA_REQUIRED") == "1":
+            pytest.fail(f"DORYLUS_LAMBDA_REQUIRED=1 but {e}")
+        pytest.skip(f"no local Lambda fleet: {e}")
+    fleet = LocalLambdaFleet()
+    try:
+        fleet.start()
+    except Exception:
+        fleet.close()
+        raise
+    print(f"\n[lambda fleet] {fleet.workers} emulators and S3 at {fleet.s3_endpoint} up in "
+          f"{fleet.startup_s:.1f}s", file=sys.stderr)
+    yield fleet
+    fleet.close()
+
+
+@pytest.fixture
+def fleet_env(lambda_fleet, monkeypatch) -> LocalLambdaFleet:
+    """This process's environment set for the fleet: its credentials, S3 endpoint and state dir."""
+    for k in ("AWS_SESSION_TOKEN", "AWS_PROFILE", "AWS_ENDPOINT_URL_LAMBDA"):
+        monkeypatch.delenv(k, raising=False)
+    for k, v in lambda_fleet.env.items():
+        monkeypatch.setenv(k, v)
+    refs.reset_clients()
+    yield lambda_fleet
+    refs.reset_clients()

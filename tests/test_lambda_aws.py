@@ -25,7 +25,8 @@ from pipelines.engine.param_server import unflatten
 from pipelines.engine.tensor_worker import execute
 from pipelines.transports.memory import MemoryTransport
 from schemas import lambda_events
-from tests.support.lambda_tasks import InProcessLambda, capture, code_zip, cora, create_function, invoke_response
+from tests.support.lambda_tasks import InProcessLambda, big_task, capture, code_zip, cora, create_function, \
+    invoke_response, results
 
 BUCKET = "dorylus-payloads"
 
@@ -62,11 +63,6 @@ def _pool(transport, spec, weights, lam, s3=None, bucket=None, sleeps=None, **kw
     return pool
 
 
-def _results(transport, partition):
-    c = transport.consumer([(M.TENSOR_RESULTS, partition)], group=f"t-{id(object())}")
-    return c.poll(0.1)
-
-
 def _grads(transport):
     return transport.consumer([(M.GRADS, 0)], group=f"g-{id(object())}").poll(0.1)
 
@@ -101,7 +97,7 @@ def test_request_shape_result_and_billing(lam):
                                                "Payload": matcher})
         pool.run_task(msg)
         stub.assert_no_pending_responses()
-    (reply,) = _results(t, msg.partition)
+    (reply,) = results(t, msg.partition)
     ref, ref_grads = execute(models.from_spec(msg.meta["model"]), msg, unflatten(weights[msg.version]))
     assert reply.kind == "LAST" and reply.key == msg.key
     np.testing.assert_allclose(reply.arrays["dh"], ref.arrays["dh"], atol=1e-6)
@@ -118,23 +114,8 @@ def test_request_shape_result_and_billing(lam):
     assert pool.stats()["duplicates_skipped"] == 1 and pool.stats()["invocations"] == 1
 
 
-def _big_task():
-    """An AV task whose event is over 6 MB, whose output and weights are over the inline limits."""
-    spec = {"name": "gcn", "in_dim": 1600, "hidden": [2048], "num_classes": 7, "dropout": 0.5, "order": "ga-first"}
-    model = models.from_spec(spec)
-    import jax
-
-    params = model.init(jax.random.PRNGKey(0))
-    flat = {f"{s}/{n}": np.asarray(v) for s, p in params.items() for n, v in p.items()}
-    R = 1500
-    rng = np.random.default_rng(0)
-    arrays = {"h": rng.random((R, 1600), dtype=np.float32), "row_gids": np.arange(R, dtype=np.int32)}
-    msg = Message("AV", 0, 1, 0, 0, 0, arrays=arrays, meta={"model": spec, "attempt": 0, "seed": 7})
-    return msg, {0: flat}, model, params
-
-
 def test_s3_offload_above_6mb(lam):
-    msg, weights, model, params = _big_task()
+    msg, weights, model, params = big_task()
     with mock_aws():
         s3 = boto3.client("s3", region_name="us-east-1")
         s3.create_bucket(Bucket=BUCKET)
@@ -158,7 +139,7 @@ def test_s3_offload_above_6mb(lam):
                                                    "Payload": matcher})
             pool.run_task(msg)
             stub.assert_no_pending_responses()
-        (reply,) = _results(t, 0)
+        (reply,) = results(t, 0)
         assert reply.kind == "AV", reply.meta.get("error")
         ref, _ = execute(model, msg, params)
         np.testing.assert_allclose(reply.arrays["h"], ref.arrays["h"], atol=1e-6)
@@ -172,14 +153,14 @@ def test_s3_offload_above_6mb(lam):
 
 
 def test_oversized_payload_without_bucket_is_a_clear_error(lam):
-    msg, weights, _, _ = _big_task()
+    msg, weights, _, _ = big_task()
     t = MemoryTransport()
     pool = _pool(t, msg.meta["model"], weights, lam, compression=None)
     with Stubber(lam) as stub:  # nothing queued: any invoke would fail the test
         pool.run_task(msg)
         pool.run_task(msg.replace(interval=1))
         stub.assert_no_pending_responses()
-    r1, r2 = _results(t, 0)
+    r1, r2 = results(t, 0)
     assert r1.kind == "ERROR" and r1.meta["retryable"] is False and r1.meta["error_type"] == "PayloadTooLarge"
     assert "no S3 bucket is configured (--bucket)" in r1.meta["error"] and "6291456-byte" in r1.meta["error"]
     assert r2.kind == "ERROR" and "PayloadTooLarge" in r2.meta["error"]
@@ -199,7 +180,7 @@ def test_throttling_is_retried_with_capped_backoff(lam):
                                                "Payload": RunsHandler(response)})
         pool.run_task(msg)
         stub.assert_no_pending_responses()
-    (reply,) = _results(t, msg.partition)
+    (reply,) = results(t, msg.partition)
     assert reply.kind == "AV"
     assert len(sleeps) == 3 and 0 <= sleeps[0] <= 0.2 and 0 <= sleeps[1] <= 0.3 and 0 <= sleeps[2] <= 0.3
     st = pool.stats()
@@ -216,7 +197,7 @@ def test_throttling_gives_up_after_bounded_retries(lam):
             stub.add_client_error("invoke", "TooManyRequestsException", "Rate exceeded", 429)
         pool.run_task(msg)  # a 4th call would find the Stubber empty and fail
         stub.assert_no_pending_responses()
-    (reply,) = _results(t, msg.partition)
+    (reply,) = results(t, msg.partition)
     assert reply.kind == "ERROR" and reply.meta["retryable"] is False
     assert reply.meta["error_type"] == "RetriesExhausted" and "3 attempts" in reply.meta["error"]
     assert "TooManyRequestsException" in reply.meta["error"] and len(sleeps) == 2
@@ -233,7 +214,7 @@ def test_function_errors_are_retried_then_surfaced(lam):
         stub.add_response("invoke", invoke_response(crash, 900000, function_error="Unhandled"))
         pool.run_task(msg)
         stub.assert_no_pending_responses()
-    (reply,) = _results(t, msg.partition)
+    (reply,) = results(t, msg.partition)
     assert reply.kind == "ERROR" and "Sandbox.Timedout" in reply.meta["error"] and "timed out" in reply.meta["error"]
     st = pool.stats()
     assert st["function_errors"] == 2 and st["invocations"] == 2 and st["billed_ms"] == 1_800_000
@@ -248,7 +229,7 @@ def test_handler_errors_are_surfaced_without_retry(lam):
         stub.add_response("invoke", invoke_response(error))
         pool.run_task(msg)
         stub.assert_no_pending_responses()
-    (reply,) = _results(t, msg.partition)
+    (reply,) = results(t, msg.partition)
     assert reply.kind == "ERROR" and reply.meta["error"] == "InvalidTask: AV task: 'h' is wrong"
     assert reply.meta["retryable"] is False and reply.meta["task"] == "AV"
 
@@ -262,7 +243,7 @@ def test_missing_function_at_invoke_stops_all_invocations(lam):
         pool.run_task(msg)
         pool.run_task(msg.replace(interval=1))  # not invoked: the first error was fatal
         stub.assert_no_pending_responses()
-    r1, r2 = _results(t, msg.partition)
+    r1, r2 = results(t, msg.partition)
     assert "ResourceNotFoundException" in r1.meta["error"] and "Function not found" in r1.meta["error"]
     assert r2.meta["error_type"] == "Aborted"
     assert "ResourceNotFoundException" in str(pool.error)

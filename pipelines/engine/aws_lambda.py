@@ -22,12 +22,21 @@ invocation of the function whose handler is `ops.lambda_handler.handler` (events
 
 Billed duration comes from each invocation's log tail (`LogType="Tail"`: the REPORT line's "Billed Duration"),
 memory from the function's configuration; both feed the run's cost (`pipelines.engine.cost`).
+
+Endpoints (`--lambda-endpoint URL[,URL...]` or AWS_ENDPOINT_URL_LAMBDA; `infra/local/lambda.sh` starts a local fleet of
+Runtime Interface Emulators): one client per endpoint, one invocation at a time on each (`lambda_fleet.Endpoints`),
+so concurrency is the number of endpoints; a retry goes to another endpoint, an endpoint that does not answer is
+set aside for a while. The emulator has no management API (GetFunction) and no log tail: the backend says so
+once and goes on, bills the exchange (request sent to response read) as the cost model's figure, and reads the runtimes' own REPORT lines from
+their logs beside it (`runtime_reports` in the pool's stats). A runtime error the emulator reports as a bare
+`{"errorType", "errorMessage"}` body (200) or as a 502 (the runtime process died) is a function error, retried.
 """
 from __future__ import annotations
 
 import base64
 import collections
 import json
+import logging
 import random
 import re
 import threading
@@ -38,6 +47,7 @@ import numpy as np
 
 from ops import refs
 from pipelines.config import ConfigError
+from pipelines.engine import lambda_fleet
 from pipelines.engine.autotune import Autotuner
 from pipelines.engine.messages import EngineError
 from ops.params import flatten, stage_slice, stages_of
@@ -54,6 +64,18 @@ TRANSIENT_CODES = {"ServiceException", "ServiceUnavailableException", "InternalF
                    "SubnetIPAddressLimitReachedException", "RequestTimeout", "InternalError"}
 _BILLED_RE = re.compile(r"Billed Duration:\s*([0-9.]+)\s*ms")
 _MEMORY_RE = re.compile(r"Memory Size:\s*([0-9]+)\s*MB")
+RUNTIME_ERROR_PREFIXES = ("Runtime.", "Sandbox.")
+log = logging.getLogger(__name__)
+
+
+def _runtime_error(resp, body: bytes) -> str | None:
+    """'Unhandled' when a response without Lambda's FunctionError header is the runtime's error, not the handler's
+    (the emulator returns an uncaught exception's {"errorType", "errorMessage"} and a timeout as plain 200s)."""
+    if isinstance(resp, dict) and "ok" not in resp and "errorType" in resp and "errorMessage" in resp:
+        return "Unhandled"
+    if resp is None and body.startswith(b"Task timed out after"):
+        return "Unhandled"
+    return None
 
 
 class AwsSetupError(ConfigError):
@@ -84,7 +106,11 @@ class AwsLambdaPool(QueuedPool):
                  backoff_s: float = 0.2, backoff_cap_s: float = 5.0, compression: str | None = "zstd",
                  run_id: str | None = None, invoke_limit: int = INVOKE_LIMIT,
                  weights_inline_limit: int = WEIGHTS_INLINE_LIMIT, memory_mb: int | None = None,
-                 keep_objects: bool = False, sleep=time.sleep, weight_timeout: float = 120.0, seed: int = 0):
+                 keep_objects: bool = False, sleep=time.sleep, weight_timeout: float = 120.0, seed: int = 0,
+                 endpoints: list[str] | None = None):
+        self.endpoints = list(endpoints or [])
+        if self.endpoints:  # one invocation at a time per endpoint
+            concurrency = min(concurrency or len(self.endpoints), len(self.endpoints))
         tuner = None if concurrency else Autotuner(start_workers, 1, MAX_WORKERS)
         super().__init__(transport, model_spec, concurrency or tuner.n, autotuner=tuner, seed=seed,
                          weight_timeout=weight_timeout)
@@ -106,15 +132,20 @@ class AwsLambdaPool(QueuedPool):
         self._objects: set[tuple[str, str]] = set()
         self._checked = False
         self.counters = collections.Counter()
+        self._eps: lambda_fleet.Endpoints | None = None
+        self._clients_by_ep: list = []
+        self._tls = threading.local()
+        self.reports: lambda_fleet.RuntimeReports | None = None
 
     @classmethod
     def from_config(cls, cfg, transport, model_spec: dict) -> "AwsLambdaPool":
         run_id = None
         if cfg.out:
             run_id = re.sub(r"[^A-Za-z0-9_.-]", "-", str(cfg.out).rstrip("/").rsplit("/", 1)[-1])[:64] or None
-        return cls(transport, model_spec, function=cfg.function, bucket=cfg.bucket, region=cfg.region,
-                   prefix=cfg.s3_prefix, concurrency=cfg.lambda_concurrency, start_workers=autotune_start(cfg),
-                   run_id=run_id, seed=cfg.seed)
+        endpoints = lambda_fleet.resolve_endpoints(getattr(cfg, "lambda_endpoint", None))
+        return cls(transport, model_spec, function=cfg.function or lambda_fleet.EMULATOR_FUNCTION, bucket=cfg.bucket,
+                   region=cfg.region, prefix=cfg.s3_prefix, concurrency=cfg.lambda_concurrency,
+                   start_workers=autotune_start(cfg), run_id=run_id, seed=cfg.seed, endpoints=endpoints)
 
     # ------------------------------------------------------------------------------------------ setup
     def _clients(self) -> None:
@@ -136,12 +167,56 @@ class AwsLambdaPool(QueuedPool):
         cfg = Config(retries={"total_max_attempts": 1}, connect_timeout=10, read_timeout=960,
                      max_pool_connections=pool)
         try:
+            if self.lam is None and self.endpoints:
+                self._endpoint_clients(cfg)
             if self.lam is None:
                 self.lam = self.session.client("lambda", region_name=self.region, config=cfg)
+                lambda_fleet.stamp_send(self.lam, self._tls)
             if self.s3 is None and self.bucket:
                 self.s3 = self.session.client("s3", region_name=self.region, config=cfg)
         except NoRegionError:
             raise AwsSetupError("no AWS region: pass --region or set AWS_DEFAULT_REGION") from None
+
+    def _endpoint_clients(self, cfg) -> None:
+        """One Lambda client per endpoint URL, each invocation tagged with its own request id."""
+        region = self.region or self.session.region_name or "us-east-1"  # an emulator ignores it; boto3 needs one
+        for url in self.endpoints:
+            c = self.session.client("lambda", region_name=region, endpoint_url=url, config=cfg)
+            lambda_fleet.tag_requests(c, self._tls)
+            lambda_fleet.stamp_send(c, self._tls)
+            lambda_fleet.runtime_error_fields(c)
+            self._clients_by_ep.append(c)
+        self.lam = self._clients_by_ep[0]
+        self._eps = lambda_fleet.Endpoints(self.endpoints)
+
+    def _check_endpoints(self) -> dict | None:
+        """GetFunction on every endpoint: unreachable is an error; an endpoint without the API (the emulator's
+        404) is said once and passed over. The configuration of the first endpoint that has one."""
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        conf, missing = None, []
+        for url, c in zip(self.endpoints, self._clients_by_ep):
+            try:
+                got = c.get_function(FunctionName=self.function)["Configuration"]
+                conf = conf or got
+            except ClientError as e:
+                code, status, msg = _client_error(e)
+                if code == "ResourceNotFoundException":
+                    raise AwsSetupError(f"Lambda function {self.function!r} not found at {url} (pass --function "
+                                        f"NAME)") from None
+                if status not in (404, 405, 501):
+                    raise AwsSetupError(f"cannot use Lambda endpoint {url}: {code or status}: {msg}") from None
+                missing.append(url)
+            except BotoCoreError as e:
+                raise AwsSetupError(f"cannot reach Lambda endpoint {url}: {e}") from None
+        logs = lambda_fleet.fleet_logs(self.endpoints)
+        self.reports = lambda_fleet.RuntimeReports(logs) if logs else None
+        if missing:
+            log.warning("AWS Lambda backend: %d of %d endpoints do not serve GetFunction (Runtime Interface "
+                        "Emulators?): not checking the function there; memory from the runtimes' REPORT lines, else "
+                        "lambda_memory_mb; REPORT lines read from %d emulator logs (lambda.sh state file)",
+                        len(missing), len(self.endpoints), len(logs))
+        return conf
 
     def check(self) -> None:
         """Fail fast, with one clear line, when the function, the bucket or the credentials are not usable."""
@@ -152,7 +227,10 @@ class AwsLambdaPool(QueuedPool):
 
         region = self.lam.meta.region_name
         try:
-            conf = self.lam.get_function(FunctionName=self.function)["Configuration"]
+            if self._eps is not None:
+                conf = self._check_endpoints() or {}
+            else:
+                conf = self.lam.get_function(FunctionName=self.function)["Configuration"]
         except NoCredentialsError:
             raise AwsSetupError("no AWS credentials found: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or "
                                 "AWS_PROFILE") from None
@@ -187,7 +265,11 @@ class AwsLambdaPool(QueuedPool):
         super().start()
 
     def stop(self) -> None:
+        if self._eps is not None:
+            self._eps.close()  # wakes invokers waiting for an endpoint
         super().stop()
+        if self.reports is not None:  # the final figure: every REPORT line of the run read
+            self.reports.summary(settle_s=1.0)
         if self.s3 is not None and not self.keep_objects:
             for bucket, key in list(self._objects):
                 self._delete(bucket, key)
@@ -302,10 +384,8 @@ class AwsLambdaPool(QueuedPool):
                 with self._lock:
                     self.counters["retries"] += 1
                 self.sleep(self._backoff(attempt - 1))
-            t0 = time.monotonic()
             try:
-                r = self.lam.invoke(FunctionName=self.function, InvocationType="RequestResponse", LogType="Tail",
-                                    Payload=payload)
+                r, body, rtt = self._invoke_once(payload)
             except NoCredentialsError:
                 raise TaskFailed("NoCredentials", "no AWS credentials found", fatal=True) from None
             except ClientError as e:
@@ -314,6 +394,9 @@ class AwsLambdaPool(QueuedPool):
                 if code in THROTTLE_CODES or status == 429:
                     with self._lock:
                         self.counters["throttled"] += 1
+                    continue
+                if code.startswith(RUNTIME_ERROR_PREFIXES):  # the emulator's 502: the runtime process died
+                    self._count_function_error(code)
                     continue
                 if code in TRANSIENT_CODES or status >= 500:
                     with self._lock:
@@ -327,22 +410,20 @@ class AwsLambdaPool(QueuedPool):
                 continue
             except BotoCoreError as e:
                 raise TaskFailed(type(e).__name__, f"invoke {self.function}: {e}", fatal=True) from None
-            rtt = time.monotonic() - t0
-            body = r["Payload"].read() if hasattr(r.get("Payload"), "read") else (r.get("Payload") or b"")
             self._account(r, rtt, size, len(body))
-            if r.get("FunctionError"):
-                with self._lock:
-                    self.counters["function_errors"] += 1
-                try:
-                    err = json.loads(body)
-                    last = f"{r['FunctionError']}: {err.get('errorType', '?')}: {err.get('errorMessage', '?')}"
-                except (ValueError, AttributeError):
-                    last = f"{r['FunctionError']}: {body[:200]!r}"
-                continue
             try:
                 resp = json.loads(body)
             except ValueError:
-                raise TaskFailed("BadResponse", f"the function returned non-JSON: {body[:200]!r}") from None
+                resp = None
+            ferr = r.get("FunctionError") or _runtime_error(resp, body)
+            if ferr:
+                err = resp if isinstance(resp, dict) else {}
+                etype = str(err.get("errorType", "Sandbox.Timedout" if body.startswith(b"Task timed out") else "?"))
+                self._count_function_error(etype)
+                last = f"{ferr}: {etype}: {err.get('errorMessage', body[:200])}"
+                continue
+            if resp is None:
+                raise TaskFailed("BadResponse", f"the function returned non-JSON: {body[:200]!r}")
             if not isinstance(resp, dict) or "ok" not in resp:
                 raise TaskFailed("BadResponse", f"the function's response is not a handler response: "
                                                 f"{str(resp)[:200]}", fatal=True)
@@ -357,6 +438,44 @@ class AwsLambdaPool(QueuedPool):
                 continue
             raise TaskFailed(err.get("type", "HandlerError"), err.get("message", "?"))
         raise TaskFailed("RetriesExhausted", f"gave up after {self.max_retries + 1} attempts; last error: {last}")
+
+    def _invoke_once(self, payload: bytes) -> tuple[dict, bytes, float]:
+        """One Invoke, on the next free endpoint when there are several: (response, body, round-trip seconds)."""
+        from botocore.exceptions import ClientError
+
+        def call(lam):
+            # from the request's send, not from the call: serializing and signing (SigV4 hashes the payload) are
+            # this process's work, which Lambda does not bill
+            self._tls.sent_at = None
+            t0 = time.monotonic()
+            r = lam.invoke(FunctionName=self.function, InvocationType="RequestResponse", LogType="Tail",
+                           Payload=payload)
+            body = r["Payload"].read() if hasattr(r.get("Payload"), "read") else (r.get("Payload") or b"")
+            return r, body, time.monotonic() - (self._tls.sent_at or t0)
+
+        if self._eps is None:
+            return call(self.lam)
+        i = self._eps.acquire()
+        rid = str(uuid.uuid4())
+        self._tls.request_id = rid
+        reachable = False
+        try:
+            out = call(self._clients_by_ep[i])
+            reachable = True
+            return out
+        except ClientError:
+            reachable = True
+            raise
+        finally:
+            self._tls.request_id = None
+            self._eps.release(i, reachable)
+            if reachable and self.reports is not None:
+                self.reports.sent(rid)
+
+    def _count_function_error(self, etype: str) -> None:
+        with self._lock:
+            self.counters["function_errors"] += 1
+            self.counters[f"function_error:{etype}"] += 1
 
     def _account(self, r: dict, rtt: float, sent: int, received: int) -> None:
         billed, mem = None, None
@@ -374,7 +493,7 @@ class AwsLambdaPool(QueuedPool):
             self.counters["invocations"] += 1
             self.counters["bytes_sent"] += sent
             self.counters["bytes_received"] += received
-            if billed is None:  # no REPORT line: bill the round trip, rounded up to 1 ms (an upper bound)
+            if billed is None:  # no REPORT line: bill the exchange, rounded up to 1 ms (an upper bound)
                 billed = max(1, int(np.ceil(rtt * 1000)))
                 self.counters["billed_estimated"] += 1
             self.counters["billed_ms"] += billed
@@ -450,5 +569,12 @@ class AwsLambdaPool(QueuedPool):
                                             "failed_tasks", "duplicates_skipped", "billed_ms", "billed_estimated",
                                             "s3_puts", "s3_gets", "s3_bytes_put", "s3_bytes_get", "bytes_sent",
                                             "bytes_received")})
+        st["function_error_types"] = {k.split(":", 1)[1]: v for k, v in c.items() if k.startswith("function_error:")}
+        if self._eps is not None:
+            st["endpoints"] = self._eps.stats()
+        if self.reports is not None:
+            rep = st["runtime_reports"] = self.reports.summary()
+            if self.memory_mb is None and isinstance(rep["memory_mb"], int):
+                self.memory_mb = rep["memory_mb"]  # what the runtimes run with, as a log tail would say
         st.update(function=self.function, bucket=self.bucket, memory_mb=self.memory_mb, run_id=self.run_id)
         return st

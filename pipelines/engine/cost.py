@@ -193,6 +193,13 @@ class CostMeter:
             "value": value(time_s, usd["total"]),
             "value_units": VALUE_UNITS,
         }
+        rr = st.get("runtime_reports")
+        if rr:  # the runtimes' own billed durations, beside the cost model's figure in usage.lambda_gb_s
+            out["runtime_reported"] = {
+                "source": rr["source"], "lambda_gb_s": rr["gb_s"], "lambda_billed_ms": rr["billed_ms"],
+                "memory_mb": rr["memory_mb"], "invocations": rr["invocations_reported"], "unreported": rr["unreported"],
+                "cost_model_lambda_gb_s": u["lambda_gb_s"],
+                "ratio_to_cost_model": rr["gb_s"] / u["lambda_gb_s"] if u["lambda_gb_s"] else None}
         if busy is not None:
             roles: dict[str, float] = {}
             for k, v in busy.items():

@@ -19,8 +19,13 @@ import math
 import time
 from pathlib import Path
 
+import jax
+import numpy as np
 import pytest
 
+from ops import models
+from ops.params import flatten
+from schemas.tasks import Channel, Message
 from tests.support import datasets_dir
 
 
@@ -146,3 +151,22 @@ class InProcessLambda:
         resp = self.handler(event, Ctx())
         ms = max(1, math.ceil((time.perf_counter() - t0) * 1000))
         return AWSResponse("https://lambda", 200, {}, None), invoke_response(resp, ms, self.memory_mb)
+
+
+def results(transport, partition):
+    """The tensor results waiting for a graph server on a transport (a fresh reader)."""
+    c = transport.consumer([(Channel.TENSOR_RESULTS, partition)], group=f"t-{id(object())}")
+    return c.poll(0.1)
+
+
+def big_task():
+    """An AV task whose event is over 6 MB, whose output and weights are over the inline limits."""
+    spec = {"name": "gcn", "in_dim": 1600, "hidden": [2048], "num_classes": 7, "dropout": 0.5, "order": "ga-first"}
+    model = models.from_spec(spec)
+    params = model.init(jax.random.PRNGKey(0))
+    flat = flatten(params)
+    R = 1500
+    rng = np.random.default_rng(0)
+    arrays = {"h": rng.random((R, 1600), dtype=np.float32), "row_gids": np.arange(R, dtype=np.int32)}
+    msg = Message("AV", 0, 1, 0, 0, 0, arrays=arrays, meta={"model": spec, "attempt": 0, "seed": 7})
+    return msg, {0: flat}, model, params
