@@ -65,6 +65,12 @@ def _train_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--straggler-min-s", type=float)
     g.add_argument("--transport", choices=["memory", "kafka"])
     g.add_argument("--bootstrap", help="Kafka bootstrap HOST:PORT")
+    g.add_argument("--broker-timeout", type=float,
+                   help="kafka: seconds without an answer from any broker after which a role (or the driver) "
+                        "fails, naming itself and how to --resume (default 120)")
+    g.add_argument("--role-bootstrap", action="append", metavar="ROLE=HOST:PORT[,HOST:PORT]",
+                   help="kafka --spawn-local: the bootstrap one role uses instead of --bootstrap (e.g. "
+                        "graph-server-0 through another network path); repeatable")
     g.add_argument("--spawn-local", action="store_true",
                    help="kafka: launch the graph servers, parameter server and tensor workers as processes here")
     g.add_argument("--run-id", help="kafka: the run id naming its topics (default: generated)")
@@ -131,7 +137,9 @@ def cmd_train(args) -> int:
         from pipelines.launch import train_kafka
 
         result = train_kafka(cfg, graph, out, spawn_local=args.spawn_local, run_id=args.run_id,
-                             workers=args.worker_processes, show_progress=show)
+                             workers=args.worker_processes, show_progress=show,
+                             role_bootstrap=_role_bootstrap(args.role_bootstrap, cfg.partitions,
+                                                            args.worker_processes))
     elif cfg.engine:
         from pipelines.engine.runner import train_engine
 
@@ -147,6 +155,22 @@ def cmd_train(args) -> int:
     print(f"{graph.name} {cfg.model}: best val {s['best_val_acc']:.4f} (epoch {s['best_epoch']}), "
           f"test {s['test_acc']:.4f}, {s['epochs']} epochs in {s['seconds']:.1f}s -> {out}")
     return 0
+
+
+def _role_bootstrap(specs, partitions: int, workers: int) -> dict[str, str]:
+    """--role-bootstrap ROLE=HOST:PORT,... flags as {role: bootstrap}; roles are those the run launches."""
+    from pipelines.launch import role_names
+
+    roles = role_names(partitions, workers)
+    out = {}
+    for spec in specs or []:
+        role, sep, boot = spec.partition("=")
+        if not sep or not boot.strip():
+            raise ConfigError(f"--role-bootstrap wants ROLE=HOST:PORT, got {spec!r}")
+        if role not in roles:
+            raise ConfigError(f"--role-bootstrap: no role {role!r} in this run (roles: {', '.join(roles)})")
+        out[role] = boot.strip()
+    return out
 
 
 def _prepared_graph(cfg, explicit_partitioner):

@@ -49,29 +49,43 @@ def topic_run_id(run_id: str, incarnation: int) -> str:
     return run_id if incarnation == 0 else f"{run_id}-r{incarnation}"
 
 
+def role_names(partitions: int, workers: int) -> list[str]:
+    """The role processes of a run with `partitions` graph servers and `workers` tensor-worker processes."""
+    return ["param-server", *(f"graph-server-{p}" for p in range(partitions)),
+            *(f"tensor-worker-{k}" for k in range(workers))]
+
+
 def role_commands(config_path: str | Path, bootstrap: str, run_id: str, *, out: str | Path,
                   partitions: int | None = None, workers: int = 1, start_epoch: int = 0,
-                  owner_pid: int | None = None, entry: list[str] | None = None) -> dict[str, list[str]]:
+                  owner_pid: int | None = None, entry: list[str] | None = None,
+                  role_bootstrap: dict[str, str] | None = None) -> dict[str, list[str]]:
     """The command line (argv) of every role process of a run, by role name.
 
     entry: how to invoke the CLI (default: this Python, ``-m pipelines.cli``; ``["dorylus"]`` where installed).
     run_id: the run id the topics are named with (`topic_run_id` of a resumed run). partitions: graph servers
     (default: the config's). workers: tensor-worker processes. start_epoch: resume point (see module doc).
+    role_bootstrap: {role: bootstrap} for roles that reach the brokers at other addresses than `bootstrap`.
     """
     if partitions is None:
         partitions = build_config(load_toml(config_path), {}).partitions
     entry = list(entry or [sys.executable, "-m", "pipelines.cli"])
-    common = ["--config", str(config_path), "--bootstrap", bootstrap, "--run-id", run_id, "--out", str(out)]
-    if start_epoch:
-        common += ["--start-epoch", str(start_epoch)]
-    if owner_pid:
-        common += ["--owner-pid", str(owner_pid)]
-    cmds = {"param-server": entry + ["param-server", *common]}
+    role_bootstrap = role_bootstrap or {}
+
+    def common(role):
+        c = ["--config", str(config_path), "--bootstrap", role_bootstrap.get(role, bootstrap), "--run-id", run_id,
+             "--out", str(out)]
+        if start_epoch:
+            c += ["--start-epoch", str(start_epoch)]
+        if owner_pid:
+            c += ["--owner-pid", str(owner_pid)]
+        return c
+
+    cmds = {"param-server": entry + ["param-server", *common("param-server")]}
     for p in range(partitions):
-        cmds[f"graph-server-{p}"] = entry + ["graph-server", "--partition", str(p), *common]
+        cmds[f"graph-server-{p}"] = entry + ["graph-server", "--partition", str(p), *common(f"graph-server-{p}")]
     for k in range(workers):
-        cmds[f"tensor-worker-{k}"] = entry + ["tensor-worker", "--worker-id", str(k), "--workers", str(workers),
-                                              *common]
+        role = f"tensor-worker-{k}"
+        cmds[role] = entry + ["tensor-worker", "--worker-id", str(k), "--workers", str(workers), *common(role)]
     return cmds
 
 
@@ -204,8 +218,9 @@ class _PoolsReport:
 
 def train_kafka(cfg: TrainConfig, graph, out: Path | str, *, spawn_local: bool = False, run_id: str | None = None,
                 workers: int = 1, resume: bool = False, show_progress: bool = False,
-                stall_timeout: float = 300.0, evaluate: bool = True):
-    """Train with one process per role over Kafka; the calling process is the driver. Returns a TrainResult."""
+                stall_timeout: float = 300.0, evaluate: bool = True, role_bootstrap: dict[str, str] | None = None):
+    """Train with one process per role over Kafka; the calling process is the driver. Returns a TrainResult.
+    role_bootstrap: {role: bootstrap} for roles that reach the brokers elsewhere (kept for --resume)."""
     import jax.numpy as jnp
 
     from ops.sparse import Adjacency
@@ -222,6 +237,7 @@ def train_kafka(cfg: TrainConfig, graph, out: Path | str, *, spawn_local: bool =
             raise ConfigError(f"{out} holds a complete run (summary.json); nothing to resume")
         info["incarnation"] = int(info.get("incarnation", 0)) + 1
         workers = int(info.get("workers", workers))
+        role_bootstrap = info.get("role_bootstrap", role_bootstrap)
         spawn_local = bool(info.get("spawn_local", spawn_local))
         rows = _contiguous(rundir.read_jsonl(out / "metrics.jsonl")) if (out / "metrics.jsonl").exists() else []
         start = _resume_point(out, rows)
@@ -231,7 +247,7 @@ def train_kafka(cfg: TrainConfig, graph, out: Path | str, *, spawn_local: bool =
         start, history = 0, []
     info.update(topic_run_id=topic_run_id(info["run_id"], info["incarnation"]), bootstrap=cfg.bootstrap,
                 spawn_local=spawn_local, workers=workers, partitions=P, start_epoch=start, status="running",
-                driver_pid=os.getpid())
+                driver_pid=os.getpid(), role_bootstrap=role_bootstrap or {})
     rundir.atomic_write_json(out / "run.json", info)
 
     model = build_model(cfg, graph)
@@ -258,14 +274,16 @@ def train_kafka(cfg: TrainConfig, graph, out: Path | str, *, spawn_local: bool =
 
     pools: list[dict] = []  # the tensor-worker processes' final pool statistics, filled at the end
     meter = CostMeter(cfg, load_prices(cfg.prices), _PoolsReport(pools))  # bad prices fail before any process
-    t = KafkaTransport(cfg.bootstrap, info["topic_run_id"], P, linger_consumers=True, client_id="driver")
+    t = KafkaTransport(cfg.bootstrap, info["topic_run_id"], P, linger_consumers=True, client_id="driver",
+                       broker_timeout_s=cfg.broker_timeout)
     metrics = t.consumer([(M.METRICS, 0)], group="driver")
     weights = t.consumer([(M.WEIGHTS, 0)], group="driver-weights")
     log = rundir.MetricsLog(out / "metrics.jsonl", truncate_after_epoch=start - 1)
     launcher = None
     if spawn_local:
         cmds = role_commands(out / "config.toml", cfg.bootstrap, info["topic_run_id"], out=out, partitions=P,
-                             workers=workers, start_epoch=start, owner_pid=os.getpid())
+                             workers=workers, start_epoch=start, owner_pid=os.getpid(),
+                             role_bootstrap=role_bootstrap)
         launcher = LocalLauncher(cmds, out / "logs")
         info["roles"] = {r: " ".join(c) for r, c in cmds.items()}
         rundir.atomic_write_json(out / "run.json", info)
@@ -292,7 +310,8 @@ def train_kafka(cfg: TrainConfig, graph, out: Path | str, *, spawn_local: bool =
         nonlocal spread
         if msg.kind == "FAILED":
             role = msg.meta.get("role", f"graph-server-{msg.partition}")
-            raise RoleFailed(f"{role} failed: {msg.meta.get('error')}")
+            raise RoleFailed(f"{role} failed: {msg.meta.get('error')}; continue the run with dorylus train "
+                             f"--resume {out}")
         if msg.kind == "FINAL":
             role = msg.meta["role"]
             finals[role] = msg.meta

@@ -25,12 +25,26 @@ node_pid() {
 }
 
 free_ports() {
-  # $1 distinct free ports on 127.0.0.1, one line
+  # $1 distinct free ports on 127.0.0.1, one line, below the ephemeral range: the nodes start one after the
+  # other, and a started node's outgoing connections take ephemeral ports that a later node may have been given
   "$PYTHON" - "$1" <<'EOF'
-import socket, sys
+import random, socket, sys
+try:
+    low = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
+except (OSError, ValueError, IndexError):
+    low = 32768
+candidates = list(range(10000, max(low, 10100)))
+random.shuffle(candidates)
 socks = []
-for _ in range(int(sys.argv[1])):
-    s = socket.socket(); s.bind(("127.0.0.1", 0)); socks.append(s)
+for port in candidates:
+    if len(socks) == int(sys.argv[1]):
+        break
+    s = socket.socket()
+    try:
+        s.bind(("127.0.0.1", port))
+        socks.append(s)
+    except OSError:
+        s.close()
 print(" ".join(str(s.getsockname()[1]) for s in socks))
 for s in socks:
     s.close()

@@ -49,6 +49,7 @@ class Link:
     bytes_up: int = 0                    # client -> broker
     bytes_down: int = 0
     cuts: int = 0
+    dropped: int = 0                     # connections a cut closed
     server: asyncio.AbstractServer | None = dataclasses.field(default=None, repr=False)
     conns: set = dataclasses.field(default_factory=set, repr=False)
 
@@ -56,7 +57,7 @@ class Link:
         return {"listen": self.listen_port, "upstream": f"{self.upstream[0]}:{self.upstream[1]}",
                 "latency_ms": self.latency_s * 1000, "cut": self.cut_mode, "accepted": self.accepted,
                 "refused": self.refused, "open": len(self.conns), "bytes_up": self.bytes_up,
-                "bytes_down": self.bytes_down, "cuts": self.cuts}
+                "bytes_down": self.bytes_down, "cuts": self.cuts, "dropped": self.dropped}
 
 
 def links_from_kafka_state(state_dir: str | Path, names: list[str] | None = None) -> dict[str, tuple[int, str, int]]:
@@ -183,6 +184,7 @@ class FaultProxy:
         for link in links:
             link.cut_mode, link.cut_until = mode, until
             link.cuts += 1
+            link.dropped += len(link.conns)
             self._drop(link)
             if mode == "refuse" and link.server is not None:
                 link.server.close()
