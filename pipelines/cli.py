@@ -115,6 +115,10 @@ def cmd_train(args) -> int:
     file_values = load_toml(args.config) if args.config else {}
     flags = {k: getattr(args, k) for k in FIELDS if hasattr(args, k)}
     cfg = build_config(file_values, flags)
+    role_bootstrap = _role_bootstrap(args.role_bootstrap, cfg.partitions, args.worker_processes)
+    if role_bootstrap and not (cfg.transport == "kafka" and args.spawn_local):
+        raise ConfigError("--role-bootstrap sets the brokers of roles that --spawn-local launches: add "
+                          "--transport kafka --spawn-local")
     if cfg.transport == "kafka":  # an unreachable broker is a clear error before anything is written
         from pipelines.transports.kafka import check_broker
 
@@ -137,9 +141,7 @@ def cmd_train(args) -> int:
         from pipelines.launch import train_kafka
 
         result = train_kafka(cfg, graph, out, spawn_local=args.spawn_local, run_id=args.run_id,
-                             workers=args.worker_processes, show_progress=show,
-                             role_bootstrap=_role_bootstrap(args.role_bootstrap, cfg.partitions,
-                                                            args.worker_processes))
+                             workers=args.worker_processes, show_progress=show, role_bootstrap=role_bootstrap)
     elif cfg.engine:
         from pipelines.engine.runner import train_engine
 

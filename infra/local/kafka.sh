@@ -202,8 +202,8 @@ EOF
 }
 
 java_cmd() {
-  # java with the cached jars on the class path and the quiet log4j2 config
-  java -Xms128m -Xmx"$HEAP" -XX:+UseG1GC -XX:MaxGCPauseMillis=20 -XX:+ExitOnOutOfMemoryError \
+  # java with the cached jars on the class path and the quiet log4j2 config (short-lived tools: C1 only)
+  java -Xms128m -Xmx"$HEAP" -XX:+UseG1GC -XX:MaxGCPauseMillis=20 -XX:+ExitOnOutOfMemoryError -XX:TieredStopAtLevel=1 \
     -Djava.awt.headless=true -Dkafka.logs.dir="$STATE_DIR" \
     -Dlog4j2.configurationFile="$HERE/log4j2.properties" -Dlog4j.configurationFile="$HERE/log4j2.properties" \
     -cp "$JARS/*" "$@"

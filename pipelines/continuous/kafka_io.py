@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 
-from pipelines.transports.kafka import cluster_replication
+from pipelines.transports.kafka import admin_call, cluster_replication
 from pipelines.transports.kafka_security import client_settings
 
 MAX_BYTES = 64 * 1024 * 1024  # the local broker's message.max.bytes
@@ -43,18 +43,18 @@ def ensure_topics(bootstrap: str, topics: dict[str, int], timeout_s: float = 30.
     admin = KafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=int(timeout_s * 1000),
                              **client_settings())
     try:
-        existing = set(admin.list_topics())
+        existing = set(admin_call(admin.list_topics))
         rf, configs = cluster_replication(admin)
         new = [NewTopic(name, num_partitions=n, replication_factor=rf, topic_configs=configs)
                for name, n in topics.items() if name not in existing]
         if new:
             try:
-                admin.create_topics(new, timeout_ms=int(timeout_s * 1000))
+                admin_call(admin.create_topics, new, timeout_ms=int(timeout_s * 1000))
             except TopicAlreadyExistsError:
                 pass
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:  # wait until the metadata shows them
-            if set(topics) <= set(admin.list_topics()):
+            if set(topics) <= set(admin_call(admin.list_topics)):
                 return
             time.sleep(0.1)
     finally:
@@ -67,7 +67,7 @@ def topic_partitions(bootstrap: str, topic: str) -> list[int] | None:
 
     admin = KafkaAdminClient(bootstrap_servers=bootstrap, **client_settings())
     try:
-        desc = admin.describe_topics([topic])
+        desc = admin_call(admin.describe_topics, [topic])
     except Exception:  # noqa: BLE001 - an unknown topic surfaces differently across versions
         return None
     finally:

@@ -145,10 +145,27 @@ def check_broker(bootstrap: str | None, timeout_s: float = 10.0, keep: bool = Fa
     return None
 
 
+def admin_call(fn, *args, timeout_s: float = 30.0, **kw):
+    """Call a kafka-python admin method, again while the broker it picked is out of reach: with one broker of a
+    cluster down, a request sent there fails at once, and the next attempt picks another broker (the failed one
+    is in reconnect backoff)."""
+    errors = _import_kafka().errors
+    transient = (errors.KafkaConnectionError, errors.NodeNotReadyError, errors.KafkaTimeoutError,
+                 errors.RequestTimedOutError, errors.NotControllerError)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return fn(*args, **kw)
+        except transient:
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(0.2)
+
+
 def cluster_replication(admin) -> tuple[int, dict]:
     """Replication factor and topic configs for new run topics on the cluster `admin` talks to: 3 replicas and
     ``min.insync.replicas=2`` on 3+ brokers, else 1 replica."""
-    brokers = len(admin.describe_cluster().get("brokers") or [])
+    brokers = len(admin_call(admin.describe_cluster).get("brokers") or [])
     if brokers >= REPLICATED_MIN_BROKERS:
         return REPLICATION_FACTOR, {"min.insync.replicas": str(MIN_INSYNC_REPLICAS)}
     return 1, {}
@@ -244,10 +261,10 @@ class KafkaTransport(Transport):
                     last_err = e
                 away = time.monotonic() - last_ok
                 if away > self.broker_timeout_s and not self._closing.is_set():
+                    why = str(last_err) or type(last_err).__name__
                     self._lost = TransportError(
                         f"{self.client_id} lost the Kafka brokers at {self.bootstrap}: no answer for {away:.0f}s "
-                        f"(broker timeout {self.broker_timeout_s:g}s; last error {type(last_err).__name__}: "
-                        f"{last_err})")
+                        f"(broker timeout {self.broker_timeout_s:g}s; last error: {why})")
                     with self._lock:
                         if self._error is None:
                             self._error = self._lost
@@ -286,13 +303,13 @@ class KafkaTransport(Transport):
             spec = {name: {"num_partitions": n, "replication_factor": rf,
                            "configs": {"max.message.bytes": str(self.max_message_bytes), **configs}}
                     for name, n in want.items()}
-            resp = admin.create_topics(spec, raise_errors=False)
+            resp = admin_call(admin.create_topics, spec, raise_errors=False)
             for t in resp.get("topics", []):
                 if t["error_code"] not in (0, 36):  # 36: TOPIC_ALREADY_EXISTS
                     raise TransportError(f"cannot create topic {t['name']}: {t.get('error_message')} "
                                          f"(error {t['error_code']})")
-            admin.wait_for_topics(list(want), timeout_ms=int(timeout_s * 1000))
-            for desc in admin.describe_topics(list(want)):
+            admin_call(admin.wait_for_topics, list(want), timeout_ms=int(timeout_s * 1000))
+            for desc in admin_call(admin.describe_topics, list(want)):
                 have = len(desc.get("partitions", []))
                 if have < want[desc["name"]]:
                     raise TransportError(f"topic {desc['name']} has {have} partitions, this run needs "
@@ -345,6 +362,7 @@ class KafkaTransport(Transport):
                                              f"failed: {type(exc).__name__}: {exc}")
 
     def flush(self, timeout_s: float | None = None) -> None:
+        self._raise_if_lost()  # nothing can be delivered: waiting would only delay the failure
         self._producer.flush(timeout=timeout_s)
         self._raise_if_failed()
 
@@ -456,9 +474,10 @@ class KafkaTransport(Transport):
         if self._dl_reader is not None:
             self._dl_reader.close()
         try:
-            self._producer.flush(timeout=60)
+            if self._lost is None:
+                self._producer.flush(timeout=60)
         finally:
-            self._producer.close(timeout=10)
+            self._producer.close(timeout=0 if self._lost is not None else 10)
 
     def dead_letter_count(self, timeout_s: float = 5.0) -> int | None:
         """Messages in this run's dead-letter topic, written by any process (None if the broker does not
