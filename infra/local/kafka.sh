@@ -263,6 +263,23 @@ sys.exit(1)
 EOF
 }
 
+sizes_and_threads() {
+  # the broker settings every node shares: message sizes, and few threads (small machine); $1 io threads
+  cat <<EOF
+# big Arrow batches (one message per interval): 64 MiB by default
+message.max.bytes=$MAX_MESSAGE_BYTES
+replica.fetch.max.bytes=$MAX_MESSAGE_BYTES
+fetch.max.bytes=$(( MAX_MESSAGE_BYTES * 2 ))
+socket.request.max.bytes=$(( MAX_MESSAGE_BYTES * 2 + 1048576 ))
+num.network.threads=2
+num.io.threads=$1
+background.threads=2
+num.recovery.threads.per.data.dir=1
+log.cleaner.threads=1
+log.retention.hours=24
+EOF
+}
+
 write_props() {
   local listeners advertised inter protocols
   if [[ -n "$SCRAM" ]]; then
@@ -302,18 +319,7 @@ transaction.state.log.num.partitions=4
 share.coordinator.state.topic.replication.factor=1
 share.coordinator.state.topic.min.isr=1
 group.initial.rebalance.delay.ms=0
-# big Arrow batches (one message per interval): 64 MiB by default
-message.max.bytes=$MAX_MESSAGE_BYTES
-replica.fetch.max.bytes=$MAX_MESSAGE_BYTES
-fetch.max.bytes=$(( MAX_MESSAGE_BYTES * 2 ))
-socket.request.max.bytes=$(( MAX_MESSAGE_BYTES * 2 + 1048576 ))
-# small machine: few threads
-num.network.threads=2
-num.io.threads=4
-background.threads=2
-num.recovery.threads.per.data.dir=1
-log.cleaner.threads=1
-log.retention.hours=24
+$(sizes_and_threads 4)
 EOF
   if [[ -n "$SCRAM" ]]; then
     local ks_pass

@@ -131,18 +131,8 @@ group.initial.rebalance.delay.ms=0
 # a crashed node is fenced (its partitions led elsewhere) this long after its last heartbeat
 broker.session.timeout.ms=6000
 broker.heartbeat.interval.ms=1000
-message.max.bytes=$MAX_MESSAGE_BYTES
-replica.fetch.max.bytes=$MAX_MESSAGE_BYTES
-fetch.max.bytes=$(( MAX_MESSAGE_BYTES * 2 ))
-socket.request.max.bytes=$(( MAX_MESSAGE_BYTES * 2 + 1048576 ))
-# small machine, several JVMs: few threads
-num.network.threads=2
-num.io.threads=2
 num.replica.fetchers=1
-background.threads=2
-num.recovery.threads.per.data.dir=1
-log.cleaner.threads=1
-log.retention.hours=24
+$(sizes_and_threads 2)
 EOF
 }
 
