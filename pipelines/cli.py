@@ -68,6 +68,12 @@ def _train_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--straggler-min-s", type=float)
     g.add_argument("--transport", choices=["memory", "kafka"])
     g.add_argument("--bootstrap", help="Kafka bootstrap HOST:PORT")
+    g.add_argument("--broker-timeout", type=float,
+                   help="kafka: seconds without an answer from any broker after which a role (or the driver) "
+                        "fails, naming itself and how to --resume (default 120)")
+    g.add_argument("--role-bootstrap", action="append", metavar="ROLE=HOST:PORT[,HOST:PORT]",
+                   help="kafka --spawn-local: the bootstrap one role uses instead of --bootstrap (e.g. "
+                        "graph-server-0 through another network path); repeatable")
     g.add_argument("--spawn-local", action="store_true",
                    help="kafka: launch the graph servers, parameter server and tensor workers as processes here")
     g.add_argument("--run-id", help="kafka: the run id naming its topics (default: generated)")
@@ -117,6 +123,10 @@ def cmd_train(args) -> int:
     file_values = load_toml(args.config) if args.config else {}
     flags = {k: getattr(args, k) for k in FIELDS if hasattr(args, k)}
     cfg = build_config(file_values, flags)
+    role_bootstrap = _role_bootstrap(args.role_bootstrap, cfg.partitions, args.worker_processes)
+    if role_bootstrap and not (cfg.transport == "kafka" and args.spawn_local):
+        raise ConfigError("--role-bootstrap sets the brokers of roles that --spawn-local launches: add "
+                          "--transport kafka --spawn-local")
     if cfg.transport == "kafka":  # an unreachable broker is a clear error before anything is written
         from pipelines.transports.kafka import check_broker
 
@@ -159,7 +169,7 @@ def _run_training(args, cfg, run_cfg, graph, out):
         from pipelines.launch import train_kafka
 
         result = train_kafka(cfg, graph, out, spawn_local=args.spawn_local, run_id=args.run_id,
-                             workers=args.worker_processes, show_progress=show)
+                             workers=args.worker_processes, show_progress=show, role_bootstrap=role_bootstrap)
     elif cfg.engine:
         from pipelines.engine.runner import train_engine
 
@@ -172,6 +182,22 @@ def _run_training(args, cfg, run_cfg, graph, out):
 
         add_whole_graph_cost(cfg, result.summary, result.history, out)
     return result
+
+
+def _role_bootstrap(specs, partitions: int, workers: int) -> dict[str, str]:
+    """--role-bootstrap ROLE=HOST:PORT,... flags as {role: bootstrap}; roles are those the run launches."""
+    from pipelines.launch import role_names
+
+    roles = role_names(partitions, workers)
+    out = {}
+    for spec in specs or []:
+        role, sep, boot = spec.partition("=")
+        if not sep or not boot.strip():
+            raise ConfigError(f"--role-bootstrap wants ROLE=HOST:PORT, got {spec!r}")
+        if role not in roles:
+            raise ConfigError(f"--role-bootstrap: no role {role!r} in this run (roles: {', '.join(roles)})")
+        out[role] = boot.strip()
+    return out
 
 
 def _prepared_graph(cfg, explicit_partitioner):

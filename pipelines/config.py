@@ -64,6 +64,7 @@ class TrainConfig:
     task_latency_s: float = 0.0         # fixed added latency per tensor task (a remote worker's round trip)
     transport: str = "memory"
     bootstrap: str | None = None
+    broker_timeout: float = 120.0       # kafka: a role that no broker has answered this long (s) fails
     # serverless tensor workers (AWS Lambda) and cost
     mode: str = "serverless"            # or "cpu-only": graph servers run the tensor tasks themselves
     function: str | None = None         # Lambda function name or ARN (tensor_workers = "aws")
@@ -140,6 +141,7 @@ class TrainConfig:
         need(self.straggler_k > 0, f"straggler_k must be > 0, got {self.straggler_k}")
         need(self.transport in ("memory", "kafka"), f"transport must be memory or kafka, got {self.transport!r}")
         need(self.seed >= 0, f"seed must be >= 0, got {self.seed}")
+        need(self.broker_timeout > 0, f"broker_timeout must be > 0 seconds, got {self.broker_timeout}")
 
     @property
     def engine(self) -> bool:

@@ -57,29 +57,43 @@ def topic_run_id(run_id: str, incarnation: int) -> str:
     return run_id if incarnation == 0 else f"{run_id}-r{incarnation}"
 
 
+def role_names(partitions: int, workers: int) -> list[str]:
+    """The role processes of a run with `partitions` graph servers and `workers` tensor-worker processes."""
+    return ["param-server", *(f"graph-server-{p}" for p in range(partitions)),
+            *(f"tensor-worker-{k}" for k in range(workers))]
+
+
 def role_commands(config_path: str | Path, bootstrap: str, run_id: str, *, out: str | Path,
                   partitions: int | None = None, workers: int = 1, start_epoch: int = 0,
-                  owner_pid: int | None = None, entry: list[str] | None = None) -> dict[str, list[str]]:
+                  owner_pid: int | None = None, entry: list[str] | None = None,
+                  role_bootstrap: dict[str, str] | None = None) -> dict[str, list[str]]:
     """The command line (argv) of every role process of a run, by role name.
 
     entry: how to invoke the CLI (default: this Python, ``-m pipelines.cli``; ``["dorylus"]`` where installed).
     run_id: the run id the topics are named with (`topic_run_id` of a resumed run). partitions: graph servers
     (default: the config's). workers: tensor-worker processes. start_epoch: resume point (see module doc).
+    role_bootstrap: {role: bootstrap} for roles that reach the brokers at other addresses than `bootstrap`.
     """
     if partitions is None:
         partitions = build_config(load_toml(config_path), {}).partitions
     entry = list(entry or [sys.executable, "-m", "pipelines.cli"])
-    common = ["--config", str(config_path), "--bootstrap", bootstrap, "--run-id", run_id, "--out", str(out)]
-    if start_epoch:
-        common += ["--start-epoch", str(start_epoch)]
-    if owner_pid:
-        common += ["--owner-pid", str(owner_pid)]
-    cmds = {"param-server": entry + ["param-server", *common]}
+    role_bootstrap = role_bootstrap or {}
+
+    def common(role):
+        c = ["--config", str(config_path), "--bootstrap", role_bootstrap.get(role, bootstrap), "--run-id", run_id,
+             "--out", str(out)]
+        if start_epoch:
+            c += ["--start-epoch", str(start_epoch)]
+        if owner_pid:
+            c += ["--owner-pid", str(owner_pid)]
+        return c
+
+    cmds = {"param-server": entry + ["param-server", *common("param-server")]}
     for p in range(partitions):
-        cmds[f"graph-server-{p}"] = entry + ["graph-server", "--partition", str(p), *common]
+        cmds[f"graph-server-{p}"] = entry + ["graph-server", "--partition", str(p), *common(f"graph-server-{p}")]
     for k in range(workers):
-        cmds[f"tensor-worker-{k}"] = entry + ["tensor-worker", "--worker-id", str(k), "--workers", str(workers),
-                                              *common]
+        role = f"tensor-worker-{k}"
+        cmds[role] = entry + ["tensor-worker", "--worker-id", str(k), "--workers", str(workers), *common(role)]
     return cmds
 
 
@@ -216,7 +230,8 @@ class _PoolsReport:
 
 def train_kafka(cfg: TrainConfig, graph, out: Path | str, *, spawn_local: bool = False, run_id: str | None = None,
                 workers: int = 1, resume: bool = False, show_progress: bool = False,
-                stall_timeout: float = 300.0, evaluate: bool = True) -> TrainResult:
+                stall_timeout: float = 300.0, evaluate: bool = True,
+                role_bootstrap: dict[str, str] | None = None) -> TrainResult:
     """Train with one process per role over Kafka; the calling process is the driver. Returns a TrainResult.
 
     cfg / graph: the run's settings (cfg.bootstrap names the broker) and graph; out: the run directory (holds
@@ -224,9 +239,10 @@ def train_kafka(cfg: TrainConfig, graph, out: Path | str, *, spawn_local: bool =
     spawn_local: launch the roles here (`role_commands`); run_id: the topics' run id (default: generated);
     workers: tensor-worker processes; resume: continue the run in `out` (see the module doc); show_progress: a
     tqdm bar; stall_timeout: seconds without any report or weight version before the run fails; evaluate=False
-    skips the per-epoch accuracy pass."""
+    skips the per-epoch accuracy pass; role_bootstrap: {role: bootstrap} for roles that reach the brokers
+    elsewhere (kept in run.json for --resume)."""
     run = KafkaRun(cfg, graph, Path(out), spawn_local=spawn_local, run_id=run_id, workers=workers, resume=resume,
-                   show_progress=show_progress, evaluate=evaluate)
+                   show_progress=show_progress, evaluate=evaluate, role_bootstrap=role_bootstrap)
     run.run(stall_timeout)
     return run.result()
 
@@ -236,10 +252,10 @@ class KafkaRun:
     shutdown and the final reports; the epochs themselves are `pipelines.engine.driver.EpochDriver`'s."""
 
     def __init__(self, cfg: TrainConfig, graph, out: Path, *, spawn_local: bool, run_id: str | None, workers: int,
-                 resume: bool, show_progress: bool, evaluate: bool):
+                 resume: bool, show_progress: bool, evaluate: bool, role_bootstrap: dict[str, str] | None = None):
         self.cfg, self.graph, self.out = cfg, graph, out
         info, start, history, workers, spawn_local = _run_info(cfg, graph, out, resume, run_id, workers,
-                                                               spawn_local)
+                                                               spawn_local, role_bootstrap)
         self.info, self.start, self.workers = info, start, workers
         rundir.atomic_write_json(out / "run.json", info)
         stopper = EarlyStopping(cfg.patience)
@@ -249,7 +265,7 @@ class KafkaRun:
         self.pools: list[dict] = []  # the tensor-worker processes' final pool statistics, filled at the end
         self.meter = CostMeter(cfg, load_prices(cfg.prices), _PoolsReport(self.pools))  # bad prices fail first
         self.transport = KafkaTransport(cfg.bootstrap, info["topic_run_id"], cfg.partitions, linger_consumers=True,
-                                client_id="driver")
+                                        client_id="driver", broker_timeout_s=cfg.broker_timeout)
         self.metrics = self.transport.consumer([(Channel.METRICS, 0)], group="driver")
         self.weights = self.transport.consumer([(Channel.WEIGHTS, 0)], group="driver-weights")
         self.log = rundir.MetricsLog(out / "metrics.jsonl", truncate_after_epoch=start - 1)
@@ -257,7 +273,7 @@ class KafkaRun:
         if spawn_local:
             cmds = role_commands(out / "config.toml", cfg.bootstrap, info["topic_run_id"], out=out,
                                  partitions=cfg.partitions, workers=workers, start_epoch=start,
-                                 owner_pid=os.getpid())
+                                 owner_pid=os.getpid(), role_bootstrap=info["role_bootstrap"])
             self.launcher = LocalLauncher(cmds, out / "logs")
             info["roles"] = {r: " ".join(c) for r, c in cmds.items()}
             rundir.atomic_write_json(out / "run.json", info)
@@ -291,7 +307,8 @@ class KafkaRun:
     def _handle(self, msg: Message) -> None:
         if msg.kind == Lifecycle.FAILED:
             role = msg.meta.get("role", f"graph-server-{msg.partition}")
-            raise RoleFailed(f"{role} failed: {msg.meta.get('error')}")
+            raise RoleFailed(f"{role} failed: {msg.meta.get('error')}; continue the run with dorylus train "
+                             f"--resume {self.out}")
         if msg.kind == Lifecycle.FINAL:
             role = msg.meta["role"]
             self.finals[role] = msg.meta
@@ -452,7 +469,7 @@ class KafkaRun:
 
 
 def _run_info(cfg: TrainConfig, graph, out: Path, resume: bool, run_id: str | None, workers: int,
-              spawn_local: bool):
+              spawn_local: bool, role_bootstrap: dict[str, str] | None = None):
     """run.json's content for this incarnation, the epoch it starts at, the rows before it, and the workers and
     spawn_local in force (a resume keeps the first incarnation's)."""
     if resume:
@@ -462,6 +479,7 @@ def _run_info(cfg: TrainConfig, graph, out: Path, resume: bool, run_id: str | No
         info["incarnation"] = int(info.get("incarnation", 0)) + 1
         workers = int(info.get("workers", workers))
         spawn_local = bool(info.get("spawn_local", spawn_local))
+        role_bootstrap = info.get("role_bootstrap", role_bootstrap)
         rows = _contiguous(rundir.read_jsonl(out / "metrics.jsonl")) if (out / "metrics.jsonl").exists() else []
         start = _resume_point(out, rows)
         history = rows[:start]
@@ -470,7 +488,7 @@ def _run_info(cfg: TrainConfig, graph, out: Path, resume: bool, run_id: str | No
         start, history = 0, []
     info.update(topic_run_id=topic_run_id(info["run_id"], info["incarnation"]), bootstrap=cfg.bootstrap,
                 spawn_local=spawn_local, workers=workers, partitions=cfg.partitions, start_epoch=start,
-                status="running", driver_pid=os.getpid())
+                status="running", driver_pid=os.getpid(), role_bootstrap=role_bootstrap or {})
     return info, start, history, workers, spawn_local
 
 

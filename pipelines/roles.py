@@ -143,7 +143,7 @@ def _setup(args, role: str):
     graph = load_dataset(cfg.dataset, cfg.data_dir, seed=cfg.seed)
     share = (args.worker_id, args.workers) if hasattr(args, "worker_id") else (0, 1)
     t = KafkaTransport(bootstrap, args.run_id, cfg.partitions, linger_consumers=True, client_id=role,
-                       work_share=share)
+                       work_share=share, broker_timeout_s=cfg.broker_timeout)
     return cfg, graph, t
 
 

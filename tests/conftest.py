@@ -8,7 +8,7 @@ import pytest
 from ops import refs
 from pipelines.beam.runners import RunnerUnavailable, runner_options
 from tests.support import datasets_dir
-from tests.support.kafka import KafkaUnavailable, SessionBroker
+from tests.support.kafka import KafkaUnavailable, LocalKafkaCluster, SessionBroker
 from tests.support.kafka_runs import EPOCHS
 from tests.support.lambda_fleet import FleetUnavailable, LocalLambdaFleet, check_can_start
 
@@ -16,6 +16,7 @@ EXTERNAL_KAFKA = "DORYLUS_KAFKA_BOOTSTRAP"
 
 _plain_broker = SessionBroker("Kafka", scram=False)
 _scram_broker = SessionBroker("SASL_SSL/SCRAM-SHA-512 Kafka", scram=True)
+_cluster = SessionBroker("3-broker Kafka cluster", scram=False, make=LocalKafkaCluster)
 
 
 @pytest.fixture(scope="session")
@@ -68,6 +69,13 @@ def kafka_scram():
     client.json as a dict (bootstrap, security_protocol, sasl_mechanism, username, password, cafile)."""
     for broker in _session_broker(_scram_broker):
         yield dict(broker.client)
+
+
+@pytest.fixture(scope="session")
+def kafka_cluster():
+    """A 3-broker cluster behind a fault proxy for this test session (started only when a test asks): the
+    :class:`tests.support.kafka.LocalKafkaCluster`."""
+    yield from _session_broker(_cluster)
 
 
 @pytest.fixture(scope="session")

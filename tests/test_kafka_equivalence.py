@@ -15,6 +15,7 @@ from pipelines.config import build_config, load_toml  # noqa: E402
 from pipelines.data.registry import load_dataset  # noqa: E402
 from pipelines.engine.runner import train_engine  # noqa: E402
 from ops.params import flatten  # noqa: E402
+from tests.support.kafka_runs import assert_exact_accounting, rel  # noqa: E402
 
 pytestmark = pytest.mark.kafka
 
@@ -28,19 +29,6 @@ def kafka_train(bootstrap: str, out, data_dir, staleness: str, run_id: str, epoc
             "--epochs", str(epochs), "--patience", "0", "--transport", "kafka", "--bootstrap", bootstrap,
             "--spawn-local", "--run-id", run_id, "--out", str(out), "--quiet", *extra]
     return subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
-
-
-def _rel(a, b) -> float:
-    return float(np.max(np.abs(a - b)) / (np.max(np.abs(a)) + 1e-12))
-
-
-def _assert_exact_accounting(summary: dict) -> None:
-    tr = summary["transport"]
-    assert tr["unacknowledged"] == 0 and not tr["failed_deliveries"]
-    for ch, v in tr["channels"].items():
-        assert v["consumed"], ch
-        for group, n in v["consumed"].items():
-            assert n == v["produced"], (ch, group, n, v["produced"])
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +46,7 @@ def test_synchronous_kafka_processes_equal_the_memory_engine(kafka_bootstrap, da
     pids = {r: f["pid"] for r, f in s["roles"].items()}
     assert sorted(pids) == ["graph-server-0", "graph-server-1", "param-server", "tensor-worker-0"]
     assert len(set(pids.values())) == 4 and os.getpid() not in pids.values()  # one OS process per role
-    _assert_exact_accounting(s)
+    assert_exact_accounting(s)
     assert s["dead_letters"] == 0
 
     cfg = build_config(load_toml(out / "config.toml"), {"transport": "memory"})
@@ -83,10 +71,10 @@ def test_synchronous_kafka_processes_equal_the_memory_engine(kafka_bootstrap, da
     assert 0 < base <= s["tensor_tasks"] <= base + s["relaunches"]
     with np.load(out / "weights.npz") as z:
         for k, w in flatten(mem.best_params).items():
-            assert _rel(w, z[k]) < 1e-4, k
+            assert rel(w, z[k]) < 1e-4, k
     with np.load(out / "ckpt" / f"param-server-{EPOCHS:06d}.npz") as z:  # the parameter server's final weights
         for k, w in flatten(mem.params).items():
-            assert _rel(w, z[f"params/{k}"]) < 1e-4, k
+            assert rel(w, z[f"params/{k}"]) < 1e-4, k
 
     # Interop: a plain kafka-python consumer, importing nothing of this project, decodes every value of every
     # topic of the run with pyarrow.ipc alone.
@@ -135,7 +123,7 @@ def test_bounded_staleness_over_kafka_lands_in_the_memory_engines_band(kafka_boo
     assert proc.returncode == 0, proc.stderr[-3000:]
     s = json.loads((out / "summary.json").read_text())
     assert s["max_staleness_observed"] == 1
-    _assert_exact_accounting(s)
+    assert_exact_accounting(s)
     cfg = build_config(load_toml(out / "config.toml"), {"transport": "memory"})
     mem = train_engine(cfg, cora)
     assert abs(s["test_acc"] - mem.summary["test_acc"]) <= 0.02, (s["test_acc"], mem.summary["test_acc"])

@@ -8,6 +8,14 @@
 #   infra/local/kafka.sh restart                    # stop --keep-data, then start on the same ports and mode (data kept)
 #   infra/local/kafka.sh status                     # "running 127.0.0.1:PORT (pid N)" / "stopped"; exit 0 / 3
 #
+# A replicated cluster (N KRaft nodes on 127.0.0.1, each a combined broker+controller, an N-voter quorum):
+#   infra/local/kafka.sh start --brokers 3          # prints the bootstrap list 127.0.0.1:P1,127.0.0.1:P2,...
+#   infra/local/kafka.sh start --brokers 3 --listener NAME=A1,A2,A3   # and a client listener NAME per node,
+#                                                   # advertised at 127.0.0.1:A<i> (a fault proxy's ports)
+#   infra/local/kafka.sh kill --node I              # SIGKILL node I (a crash; its data stays)
+#   infra/local/kafka.sh start --node I             # start node I of the cluster again (same ports and data)
+#   stop / restart / status act on every node; status prints one line per node, exit 0 when all run
+#
 # Common options (any subcommand):
 #   --state-dir DIR     where server.properties, data/, kafka.log, kafka.pid, bootstrap (and, with --scram, tls/,
 #                       client.json, scram) live
@@ -31,6 +39,15 @@
 #                       USER and PASSWORD: letters, digits and . _ ~ + / @ % ! # ^ * - only. restart keeps the mode;
 #                       start without --scram is the plain PLAINTEXT broker. A data dir formatted without these
 #                       credentials is refused (stop without --keep-data first).
+#   --brokers N         nodes of a cluster (default 1: the single broker above). Node i (1..N) lives in
+#                       <state-dir>/node-<i>/ (server.properties, data/, kafka.log, kafka.pid, ports); its client
+#                       port (PLAINTEXT, the bootstrap list), inter-broker port (INTERNAL) and controller port
+#                       are free ports, kept for restarts. Internal topics get replication factor min(N, 3).
+#                       <state-dir>/listeners has one line per node and listener: NAME NODE PORT ADVERTISED_PORT
+#   --listener NAME=A1,...,AN   (cluster mode, repeatable) an extra PLAINTEXT client listener NAME on a free
+#                       port of each node, advertised at 127.0.0.1:A<i>: clients that bootstrap there talk to the
+#                       brokers only through whatever listens on the A ports (infra: a fault proxy)
+#   --node I            start: only node I of an existing cluster; kill: the node to SIGKILL
 # stop options:
 #   --timeout S         seconds to wait after SIGTERM before SIGKILL (default 30)
 #   --keep-data         keep the data dir (committed data survives the next start)
@@ -52,6 +69,9 @@ TIMEOUT=""
 OWNER_PID=""
 HEAP="1g"
 KEEP_DATA=0
+BROKERS=""      # nodes of a cluster (empty: the single broker, or the cluster the state dir holds)
+NODE=""         # start/kill: one node of a cluster
+LISTENERS=()    # extra client listeners NAME=A1,...,AN (cluster mode)
 SCRAM=""        # USER:PASSWORD in MSK-like SASL_SSL/SCRAM mode, empty in plain mode
 IPORT=""        # inter-broker PLAINTEXT port (SCRAM mode only)
 
@@ -74,6 +94,9 @@ while [[ $# -gt 0 ]]; do
     --heap) HEAP="$2"; shift 2 ;;
     --keep-data) KEEP_DATA=1; shift ;;
     --scram) SCRAM="$2"; shift 2 ;;
+    --brokers) BROKERS="$2"; shift 2 ;;
+    --node) NODE="$2"; shift 2 ;;
+    --listener) LISTENERS+=("$2"); shift 2 ;;
     -h|--help) sed -n '2,/^[^#]/{/^#/p}' "$0"; exit 0 ;;
     *) die "unknown option: $1" ;;
   esac
@@ -179,8 +202,8 @@ EOF
 }
 
 java_cmd() {
-  # java with the cached jars on the class path and the quiet log4j2 config
-  java -Xms128m -Xmx"$HEAP" -XX:+UseG1GC -XX:MaxGCPauseMillis=20 -XX:+ExitOnOutOfMemoryError \
+  # java with the cached jars on the class path and the quiet log4j2 config (short-lived tools: C1 only)
+  java -Xms128m -Xmx"$HEAP" -XX:+UseG1GC -XX:MaxGCPauseMillis=20 -XX:+ExitOnOutOfMemoryError -XX:TieredStopAtLevel=1 \
     -Djava.awt.headless=true -Dkafka.logs.dir="$STATE_DIR" \
     -Dlog4j2.configurationFile="$HERE/log4j2.properties" -Dlog4j.configurationFile="$HERE/log4j2.properties" \
     -cp "$JARS/*" "$@"
@@ -240,6 +263,23 @@ sys.exit(1)
 EOF
 }
 
+sizes_and_threads() {
+  # the broker settings every node shares: message sizes, and few threads (small machine); $1 io threads
+  cat <<EOF
+# big Arrow batches (one message per interval): 64 MiB by default
+message.max.bytes=$MAX_MESSAGE_BYTES
+replica.fetch.max.bytes=$MAX_MESSAGE_BYTES
+fetch.max.bytes=$(( MAX_MESSAGE_BYTES * 2 ))
+socket.request.max.bytes=$(( MAX_MESSAGE_BYTES * 2 + 1048576 ))
+num.network.threads=2
+num.io.threads=$1
+background.threads=2
+num.recovery.threads.per.data.dir=1
+log.cleaner.threads=1
+log.retention.hours=24
+EOF
+}
+
 write_props() {
   local listeners advertised inter protocols
   if [[ -n "$SCRAM" ]]; then
@@ -279,18 +319,7 @@ transaction.state.log.num.partitions=4
 share.coordinator.state.topic.replication.factor=1
 share.coordinator.state.topic.min.isr=1
 group.initial.rebalance.delay.ms=0
-# big Arrow batches (one message per interval): 64 MiB by default
-message.max.bytes=$MAX_MESSAGE_BYTES
-replica.fetch.max.bytes=$MAX_MESSAGE_BYTES
-fetch.max.bytes=$(( MAX_MESSAGE_BYTES * 2 ))
-socket.request.max.bytes=$(( MAX_MESSAGE_BYTES * 2 + 1048576 ))
-# small machine: few threads
-num.network.threads=2
-num.io.threads=4
-background.threads=2
-num.recovery.threads.per.data.dir=1
-log.cleaner.threads=1
-log.retention.hours=24
+$(sizes_and_threads 4)
 EOF
   if [[ -n "$SCRAM" ]]; then
     local ks_pass
@@ -504,6 +533,20 @@ do_status() {
   echo "stopped"
   return 3
 }
+
+# ---------------------------------------------------------------------------------------------------- cluster
+source "$HERE/kafka_cluster.sh"
+CLUSTER_FILE="$STATE_DIR/cluster"        # N, while the state dir holds a cluster
+if [[ -n "$BROKERS" ]]; then
+  [[ "$BROKERS" =~ ^[1-9][0-9]?$ ]] || die "--brokers wants a number of nodes 1..99, got '$BROKERS'"
+fi
+if [[ "$cmd" != fetch ]] && { [[ -f "$CLUSTER_FILE" ]] || [[ "${BROKERS:-1}" -gt 1 ]] || [[ ${#LISTENERS[@]} -gt 0 ]]; }; then
+  [[ -z "$SCRAM" ]] || die "--scram is a single-broker mode (no --brokers/--listener)"
+  cluster_main "$cmd"
+  exit $?
+fi
+[[ -z "$NODE" ]] || die "--node names a node of a cluster (start --brokers N first)"
+[[ "$cmd" != kill ]] || die "kill --node I acts on a cluster (start --brokers N first)"
 
 case "$cmd" in
   fetch) do_fetch; echo "$JARS" ;;

@@ -15,10 +15,22 @@ its run id is the first one's plus ``-r<n>`` (see `pipelines.launch`). Record ke
 none) and headers name the task (``dorylus.kind``, ``.epoch``, ``.stage``, ``.interval``); values are Arrow IPC
 streams (`pipelines.transports.codec`) that any Arrow reader decodes.
 
+Replication
+-----------
+On a cluster of three or more brokers (``describe_cluster`` at topic creation) the run's topics get replication
+factor 3 and ``min.insync.replicas=2``: with ``acks=all`` a message is acknowledged once two replicas hold it, so
+the loss of any one broker (its partitions' leadership moves to an in-sync replica) loses nothing and writes go
+on. On one or two brokers, replication factor 1 (``replication_factor`` overrides).
+
 Delivery
 --------
-Producer: ``acks=all``, idempotent, unbounded retries within ``delivery_timeout_ms``, so a broker restart loses
-and duplicates nothing; a delivery that finally fails makes the next ``send``/``flush`` raise. Consumers commit
+Producer: ``acks=all``, idempotent, unbounded retries within ``delivery_timeout_ms``, so a broker restart or a
+leader change loses and duplicates nothing; a delivery that finally fails makes the next ``send``/``flush``
+raise. Broker loss: with ``broker_timeout_s`` set, a watch thread asks the cluster for its metadata every few
+seconds; when no broker has answered for that long, the transport fails (``send``, ``flush`` and every
+consumer's ``poll`` raise a `TransportError` naming the client), so a role cut off from the brokers fails
+instead of waiting forever; shorter outages only delay it (deliveries are retried for ``broker_timeout_s`` plus
+a request timeout). Consumers commit
 offsets only in ``commit()``, which the engine calls after it has handled a poll's messages (at-least-once; the
 engine discards duplicates). A group that reads only the tensor-task channel (the tensor workers) is one Kafka
 consumer per process, shared by the pool's threads; every reader assigns itself its partitions. No reader uses
@@ -61,6 +73,11 @@ SINGLE_PARTITION = (Channel.GRADS, Channel.WEIGHTS, Channel.METRICS)
 #: Their one engine channel spreads over P Kafka partitions, by the sending graph server.
 BALANCED_KINDS = (Channel.TENSOR_TASKS,)
 DEFAULT_MAX_MESSAGE_BYTES = 64 * 2**20
+DEFAULT_BROKER_TIMEOUT_S = 120.0
+REQUEST_TIMEOUT_MS = 30000
+REPLICATED_MIN_BROKERS = 3            # clusters this large get replicated run topics
+REPLICATION_FACTOR = 3
+MIN_INSYNC_REPLICAS = 2
 RECORD_OVERHEAD = 64 * 2**10          # room for the record batch header, key and headers
 COMPRESS_MIN_BYTES = 16 * 2**10       # smaller payloads are sent uncompressed
 _RUN_ID_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,150}$")
@@ -127,19 +144,48 @@ def check_broker(bootstrap: str | None, timeout_s: float = 10.0, keep: bool = Fa
     return None
 
 
+def admin_call(fn, *args, timeout_s: float = 30.0, **kw):
+    """Call a kafka-python admin method, again while the broker it picked is out of reach: with one broker of a
+    cluster down, a request sent there fails at once, and the next attempt picks another broker (the failed one
+    is in reconnect backoff)."""
+    errors = _import_kafka().errors
+    transient = (errors.KafkaConnectionError, errors.NodeNotReadyError, errors.KafkaTimeoutError,
+                 errors.RequestTimedOutError, errors.NotControllerError)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return fn(*args, **kw)
+        except transient:
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(0.2)
+
+
+def cluster_replication(admin) -> tuple[int, dict]:
+    """Replication factor and topic configs for new run topics on the cluster `admin` talks to: 3 replicas and
+    ``min.insync.replicas=2`` on 3+ brokers, else 1 replica."""
+    brokers = len(admin_call(admin.describe_cluster).get("brokers") or [])
+    if brokers >= REPLICATED_MIN_BROKERS:
+        return REPLICATION_FACTOR, {"min.insync.replicas": str(MIN_INSYNC_REPLICAS)}
+    return 1, {}
+
+
 class KafkaTransport(Transport):
     """Channels (kind, partition) of one run as Kafka topic partitions; see the module docstring.
 
     linger_consumers: `Consumer.close()` keeps the Kafka consumer until `drain()`/`close()` of the transport,
     so a role process can read its channels to their end before it exits (exact message accounting).
+    replication_factor: None (default) picks it from the cluster's size (`cluster_replication`).
+    broker_timeout_s: fail when no broker has answered for this long (None: never); delivery_timeout_s
+    (default: broker_timeout_s plus a request timeout, or 600 s) bounds each message's retries.
     """
 
     def __init__(self, bootstrap: str, run_id: str, partitions: int, *, compression: str | None = "lz4",
                  max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES, connect_timeout_s: float = 10.0,
-                 create_topics: bool = True, replication_factor: int = 1, client_id: str = "dorylus",
+                 create_topics: bool = True, replication_factor: int | None = None, client_id: str = "dorylus",
                  linger_consumers: bool = False, commit_interval_s: float = 0.5,
-                 delivery_timeout_s: float = 600.0, work_share: tuple[int, int] = (0, 1),
-                 security: dict | None = None):
+                 delivery_timeout_s: float | None = None, work_share: tuple[int, int] = (0, 1),
+                 security: dict | None = None, broker_timeout_s: float | None = DEFAULT_BROKER_TIMEOUT_S):
         kafka = _import_kafka()
         self.bootstrap = bootstrap
         self.run_id = check_run_id(run_id)
@@ -158,6 +204,7 @@ class KafkaTransport(Transport):
         self.security = client_settings() if security is None else dict(security)
         self._lock = threading.Lock()
         self._error: BaseException | None = None
+        self._lost: TransportError | None = None  # set by the broker watch: every poll raises it
         self._sent = collections.Counter()       # (kind, p) -> sends issued
         self._acked = collections.Counter()      # (kind, p) -> sends the broker acknowledged
         self._acked_bytes = collections.Counter()  # kind -> value bytes acknowledged
@@ -171,19 +218,66 @@ class KafkaTransport(Transport):
         self._dead_reasons: list[str] = []
         self._consumers: list = []
         self._shared: dict[str, _SharedGroup] = {}
+        if broker_timeout_s is not None and broker_timeout_s <= 0:
+            raise TransportError(f"broker timeout must be > 0 seconds, got {broker_timeout_s}")
+        self.broker_timeout_s = broker_timeout_s
+        if delivery_timeout_s is None:
+            delivery_timeout_s = 600.0 if broker_timeout_s is None else broker_timeout_s + REQUEST_TIMEOUT_MS / 1000
         admin = check_broker(bootstrap, connect_timeout_s, keep=True, security=self.security)
         try:
             if create_topics:
                 self.ensure_topics(admin=admin)
-        finally:
+        except BaseException:
             admin.close()
+            raise
+        self._closing = threading.Event()
+        self._watch = None
+        if broker_timeout_s is None:
+            admin.close()
+        else:
+            self._watch = threading.Thread(target=self._watch_brokers, args=(admin,), daemon=True,
+                                           name="kafka-broker-watch")
+            self._watch.start()
         self._producer = kafka.KafkaProducer(
             bootstrap_servers=bootstrap, client_id=f"{client_id}-producer", acks="all", enable_idempotence=True,
             retries=float("inf"), max_in_flight_requests_per_connection=5, linger_ms=0,
             batch_size=256 * 2**10, max_request_size=self.max_message_bytes + RECORD_OVERHEAD,
-            request_timeout_ms=30000, delivery_timeout_ms=int(delivery_timeout_s * 1000),
+            request_timeout_ms=REQUEST_TIMEOUT_MS, delivery_timeout_ms=int(delivery_timeout_s * 1000),
             max_block_ms=int(delivery_timeout_s * 1000), reconnect_backoff_max_ms=1000,
             bootstrap_timeout_ms=int(connect_timeout_s * 1000), **self.security)
+
+    # ---------------------------------------------------------------------------------------------- brokers
+    def _watch_brokers(self, admin) -> None:
+        """Fail the transport when no broker has answered a metadata request for `broker_timeout_s`."""
+        every = min(2.0, self.broker_timeout_s / 4)
+        last_ok, last_err = time.monotonic(), None
+        try:
+            while not self._closing.wait(every):
+                try:
+                    admin.describe_cluster()
+                    last_ok = time.monotonic()
+                except Exception as e:  # connection refused, timeouts: the brokers are out of reach
+                    last_err = e
+                away = time.monotonic() - last_ok
+                if away > self.broker_timeout_s and not self._closing.is_set():
+                    why = str(last_err) or type(last_err).__name__
+                    self._lost = TransportError(
+                        f"{self.client_id} lost the Kafka brokers at {self.bootstrap}: no answer for {away:.0f}s "
+                        f"(broker timeout {self.broker_timeout_s:g}s; last error: {why})")
+                    with self._lock:
+                        if self._error is None:
+                            self._error = self._lost
+                    print(f"dorylus: {self._lost}", file=sys.stderr, flush=True)
+                    return
+        finally:
+            try:
+                admin.close()
+            except Exception as e:  # closing a client of unreachable brokers
+                log.info("broker watch close: %s", e)
+
+    def _raise_if_lost(self) -> None:
+        if self._lost is not None:
+            raise self._lost
 
     # ---------------------------------------------------------------------------------------------- topics
     def topic(self, kind: str) -> str:
@@ -202,16 +296,19 @@ class KafkaTransport(Transport):
                                            **self.security)
         try:
             want = {self.topic(k): topic_partitions(k, self.partitions) for k in self.kinds()}
-            spec = {name: {"num_partitions": n, "replication_factor": self.replication_factor,
-                           "configs": {"max.message.bytes": str(self.max_message_bytes)}}
+            rf, configs = cluster_replication(admin)
+            if self.replication_factor is not None:
+                rf, configs = self.replication_factor, {}
+            spec = {name: {"num_partitions": n, "replication_factor": rf,
+                           "configs": {"max.message.bytes": str(self.max_message_bytes), **configs}}
                     for name, n in want.items()}
-            resp = admin.create_topics(spec, raise_errors=False)
+            resp = admin_call(admin.create_topics, spec, raise_errors=False)
             for t in resp.get("topics", []):
                 if t["error_code"] not in (0, 36):  # 36: TOPIC_ALREADY_EXISTS
                     raise TransportError(f"cannot create topic {t['name']}: {t.get('error_message')} "
                                          f"(error {t['error_code']})")
-            admin.wait_for_topics(list(want), timeout_ms=int(timeout_s * 1000))
-            for desc in admin.describe_topics(list(want)):
+            admin_call(admin.wait_for_topics, list(want), timeout_ms=int(timeout_s * 1000))
+            for desc in admin_call(admin.describe_topics, list(want)):
                 have = len(desc.get("partitions", []))
                 if have < want[desc["name"]]:
                     raise TransportError(f"topic {desc['name']} has {have} partitions, this run needs "
@@ -264,6 +361,7 @@ class KafkaTransport(Transport):
                                              f"failed: {type(exc).__name__}: {exc}")
 
     def flush(self, timeout_s: float | None = None) -> None:
+        self._raise_if_lost()  # nothing can be delivered: waiting would only delay the failure
         self._producer.flush(timeout=timeout_s)
         self._raise_if_failed()
 
@@ -367,6 +465,7 @@ class KafkaTransport(Transport):
             g.drain(deadline)
 
     def close(self) -> None:
+        self._closing.set()
         for c in list(self._consumers):
             c._close_now()
         for g in list(self._shared.values()):
@@ -374,9 +473,10 @@ class KafkaTransport(Transport):
         if self._dl_reader is not None:
             self._dl_reader.close()
         try:
-            self._producer.flush(timeout=60)
+            if self._lost is None:
+                self._producer.flush(timeout=60)
         finally:
-            self._producer.close(timeout=10)
+            self._producer.close(timeout=0 if self._lost is not None else 10)
 
     def dead_letter_count(self, timeout_s: float = 5.0) -> int | None:
         """Messages in this run's dead-letter topic, written by any process (None if the broker does not
@@ -482,6 +582,7 @@ class _AssignedConsumer(Consumer):
     def poll(self, timeout: float, max_messages: int = 256) -> list[Message]:
         if self._closed:
             return []
+        self.t._raise_if_lost()
         with self._lock:
             batches = self.kc.poll(timeout_ms=int(max(timeout, 0.0) * 1000), max_records=max_messages)
             records = []
@@ -589,6 +690,7 @@ class _SharedGroup:
     def take(self, timeout: float, max_messages: int, member) -> list[Message]:
         deadline = time.monotonic() + timeout
         while True:
+            self.t._raise_if_lost()
             with self.lock:
                 if self._gone:
                     return []

@@ -7,6 +7,8 @@ import json
 import sys
 import time
 
+import numpy as np
+
 EPOCHS = 10
 
 
@@ -32,3 +34,18 @@ def wait_rows(out, n, proc, timeout=480) -> None:
         assert proc.poll() is None, proc.communicate()[1][-3000:]
         assert time.monotonic() < deadline, "the run made no progress"
         time.sleep(0.2)
+
+
+def rel(a, b) -> float:
+    """max |a - b| relative to max |a|."""
+    return float(np.max(np.abs(a - b)) / (np.max(np.abs(a)) + 1e-12))
+
+
+def assert_exact_accounting(summary: dict) -> None:
+    """Every channel's messages were consumed exactly as often as produced, by every group; none unacknowledged."""
+    tr = summary["transport"]
+    assert tr["unacknowledged"] == 0 and not tr["failed_deliveries"]
+    for ch, v in tr["channels"].items():
+        assert v["consumed"], ch
+        for group, n in v["consumed"].items():
+            assert n == v["produced"], (ch, group, n, v["produced"])
