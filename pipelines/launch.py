@@ -467,6 +467,7 @@ def train_kafka(cfg: TrainConfig, graph, out: Path | str, *, spawn_local: bool =
         "partitions": P,
         "intervals": cfg.intervals,
         "staleness": "none" if cfg.staleness is None else cfg.staleness,
+        "staleness_mode": cfg.staleness_mode,
         "wu": cfg.wu,
         "tensor_workers": cfg.tensor_workers,
         "tensor_worker_processes": workers,

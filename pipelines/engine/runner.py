@@ -17,7 +17,7 @@ from pipelines.data.graph import Graph
 from pipelines.engine import messages as M
 from pipelines.engine.graph_server import GraphServer
 from pipelines.engine.messages import EngineError, Message
-from pipelines.engine.param_server import ParameterServer
+from pipelines.engine.param_server import ParameterServer, StalenessMode
 from pipelines.engine.partition import build_plan
 from pipelines.engine.pools import make_tensor_workers
 from pipelines.engine.tensor_worker import LocalPool
@@ -98,7 +98,8 @@ def build_graph_server(cfg: TrainConfig, graph: Graph, transport, partition: int
         transport, pp, ctx.model, ctx.spec, features=ctx.x, labels=graph.labels[pp.owned],
         train_mask=graph.train_mask[pp.owned], num_partitions=cfg.partitions, staleness=cfg.staleness,
         epochs=cfg.epochs if epochs is None else epochs, seed=cfg.seed, loss_scale=1.0 / max(ctx.n_train, 1),
-        straggler_k=cfg.straggler_k, straggler_min_s=cfg.straggler_min_s, start_epoch=start_epoch)
+        straggler_k=cfg.straggler_k, straggler_min_s=cfg.straggler_min_s, start_epoch=start_epoch,
+        staleness_mode=StalenessMode(cfg.staleness_mode))
 
 
 def build_tensor_workers(cfg: TrainConfig, graph: Graph, transport, *, ctx: RunContext | None = None):
@@ -286,6 +287,7 @@ def train_engine(cfg: TrainConfig, graph: Graph, out: Path | None = None, show_p
         "partitions": cfg.partitions,
         "intervals": cfg.intervals,
         "staleness": "none" if cfg.staleness is None else cfg.staleness,
+        "staleness_mode": cfg.staleness_mode,
         "wu": cfg.wu,
         "tensor_workers": cfg.tensor_workers,
         "max_staleness_observed": max(int(m.get("max_staleness", 0)) for m in last_part_stats.values()),
