@@ -2,6 +2,8 @@
 
 Prints one JSON line per run (with the per-epoch validation accuracy, for epochs-to-target) and one summary line
 per configuration. Example: python bench/accuracy.py --datasets cora citeseer --models gcn gat sage --seeds 10
+`--preset planted` runs the bounded-staleness rows of issue 13 instead: GCN hidden 64, 150 epochs, P = 4 x 8,
+staleness none, 1 and 2 on planted graphs of 50,000 and 169,343 vertices (hours on 2 cores).
 """
 from __future__ import annotations
 
@@ -23,7 +25,17 @@ def main(argv=None) -> int:
     p.add_argument("--partitions", type=int, default=2)
     p.add_argument("--intervals", type=int, default=4)
     p.add_argument("--data-dir", default=None)
+    p.add_argument("--hidden", type=int, default=None, help="hidden width (default: the model's)")
+    p.add_argument("--epochs", type=int, default=None, help="epochs (default: the config's)")
+    p.add_argument("--staleness-mode", default="predict", choices=["predict", "fresh", "stale"])
+    p.add_argument("--preset", choices=["planted"], help="planted: the large-graph staleness rows (see above)")
     args = p.parse_args(argv)
+    if args.preset == "planted":
+        args.datasets = [f"synthetic:planted?nodes={n}&classes=10&degree=10&features=64" for n in (50000, 169343)]
+        args.models, args.engines = ["gcn"], ["none", "s1", "s2"]
+        args.partitions, args.intervals, args.hidden, args.epochs = 4, 8, 64, 150
+        args.seeds = min(args.seeds, 3)
+    extra = {k: v for k, v in (("hidden", args.hidden), ("epochs", args.epochs)) if v is not None}
 
     import numpy as np
 
@@ -39,21 +51,24 @@ def main(argv=None) -> int:
                 accs = []
                 for seed in range(args.seeds):
                     if eng == "whole":
-                        r = train(TrainConfig(model=model, seed=seed).resolved(), graph)
+                        r = train(TrainConfig(model=model, seed=seed, **extra).resolved(), graph)
                     else:
                         wu = "async" if eng.startswith("async") else "sync"
                         s = None if eng == "none" else int(eng.lstrip("asyncs"))
                         cfg = TrainConfig(model=model, seed=seed, partitions=args.partitions,
-                                          intervals=args.intervals, staleness=s, wu=wu).resolved()
+                                          intervals=args.intervals, staleness=s, wu=wu,
+                                          staleness_mode=args.staleness_mode, **extra).resolved()
                         r = train_engine(cfg, graph)
                     accs.append(r.summary["test_acc"])
                     print(json.dumps({"bench": "accuracy", "dataset": ds, "model": model, "engine": eng,
-                                      "seed": seed, "test_acc": r.summary["test_acc"],
+                                      "partitions": args.partitions, "intervals": args.intervals,
+                                      "staleness_mode": args.staleness_mode, "seed": seed, "test_acc": r.summary["test_acc"],
                                       "best_epoch": r.summary["best_epoch"], "epochs": r.summary["epochs"],
                                       "seconds": r.summary["seconds"],
                                       "val_acc": [round(h["val_acc"], 4) for h in r.history]}), flush=True)
                 print(json.dumps({"bench": "accuracy-summary", "dataset": ds, "model": model, "engine": eng,
-                                  "seeds": args.seeds, "mean_test_acc": float(np.mean(accs)),
+                                  "partitions": args.partitions, "intervals": args.intervals,
+                                  "staleness_mode": args.staleness_mode, "seeds": args.seeds, "mean_test_acc": float(np.mean(accs)),
                                   "std_test_acc": float(np.std(accs))}), flush=True)
     return 0
 

@@ -77,6 +77,14 @@ class Direction(Word):
     BACKWARD = "B"  # ghost gradients (∇SC)
 
 
+class StalenessMode(Word):
+    """What an epoch reads stale under bounded staleness S >= 1 (README, 'Bounded staleness')."""
+
+    PREDICT = "predict"   # weights e; ghost values of e - S extrapolated to e; ghost gradients of e
+    FRESH = "fresh"       # weights e; ghost values and ghost gradients of e - S (PipeGCN)
+    STALE = "stale"       # weights e - S; ghost values and ghost gradients of e - S (delayed gradients)
+
+
 class Lifecycle(Word):
     """Reports to the driver and commands from it (the kinds on the metrics and control channels)."""
 

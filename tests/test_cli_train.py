@@ -135,6 +135,7 @@ def test_label_count_mismatch(tmp_path, capsys):
     (["--intervals", "0"], "intervals"),
     (["--staleness", "-1"], "staleness"),
     (["--staleness", "soon"], "staleness"),
+    (["--staleness-mode", "eventual"], "--staleness-mode"),
     (["--config", "/nonexistent/c.toml"], "config"),
 ])
 def test_nonsense_flags(tmp_path, capsys, flags, needle):
@@ -147,6 +148,8 @@ def test_bad_config_file(tmp_path, capsys):
     _bad(tmp_path, capsys, ["train", "--config", str(c)], "learning_rate")
     c.write_text('epochs = "five"\n')
     _bad(tmp_path, capsys, ["train", "--config", str(c)], "epochs")
+    c.write_text('staleness_mode = "eventual"\n')
+    _bad(tmp_path, capsys, ["train", "--config", str(c)], "staleness_mode")
     c.write_text('epochs = [\n')
     _bad(tmp_path, capsys, ["train", "--config", str(c)], "toml")
 

@@ -179,6 +179,7 @@ def engine_summary(cfg: TrainConfig, graph: Graph, driver: EpochDriver, stats: R
         "partitions": cfg.partitions,
         "intervals": cfg.intervals,
         "staleness": "none" if cfg.staleness is None else cfg.staleness,
+        "staleness_mode": cfg.staleness_mode,
         "wu": cfg.wu,
         "tensor_workers": cfg.tensor_workers,
         **(after_workers or {}),

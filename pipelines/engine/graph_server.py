@@ -3,8 +3,9 @@
 Each interval walks its own schedule (forward stages, then backward stages, epoch after epoch); a step fires as
 soon as its inputs are there, so GA of one interval overlaps AV of another on the tensor workers. Reads of ghost
 columns are gated by the ghost watermark (the last epoch every producing partition has sent): a task of epoch e
-reads ghost values of epoch max(e - S, 0) and owned values of epoch e. Reading a fixed version, rather than
-whatever is newest, keeps runs deterministic; S = None adds a global barrier per layer.
+reads ghost values of epoch max(e - S, 0) (extrapolated to e in StalenessMode.PREDICT), owned values of epoch e
+and the weight version `weight_version` names. Reading fixed versions, rather than whatever is newest, keeps runs
+deterministic; S = None adds a global barrier per layer.
 """
 from __future__ import annotations
 
@@ -21,7 +22,8 @@ from ops.optim import dropout_seeds
 from ops.tasks import BLOCK_ARRAYS, backward_fn, forward_fn, gather_transpose_fn
 from pipelines.engine.spans import clock
 from pipelines.engine.messages import EngineError, check_routing
-from schemas.tasks import Channel, Direction, Lifecycle, Message, StageKind, Step, TaskKind
+from pipelines.engine.param_server import weight_version
+from schemas.tasks import Channel, Direction, Lifecycle, Message, StageKind, StalenessMode, Step, TaskKind
 
 
 class _Interval:
@@ -47,7 +49,7 @@ class GraphServer:
     def __init__(self, transport, plan, model: models.Model, model_spec: dict, *, features: np.ndarray,
                  labels: np.ndarray, train_mask: np.ndarray, num_partitions: int, staleness: int | None,
                  epochs: int, seed: int, loss_scale: float, straggler_k: float = 2.0, straggler_min_s: float = 0.5,
-                 start_epoch: int = 0):
+                 start_epoch: int = 0, staleness_mode: StalenessMode = StalenessMode.PREDICT):
         self.transport = transport
         self.plan = plan
         self.partition = plan.partition
@@ -58,6 +60,7 @@ class GraphServer:
         self.num_intervals = len(plan.intervals)
         self.staleness = 0 if staleness is None else staleness
         self.sync_barrier = staleness is None
+        self.mode = StalenessMode(staleness_mode)
         self.epochs = epochs
         self.seed = seed
         self.scale = loss_scale
@@ -92,6 +95,7 @@ class GraphServer:
         self.bwd_remote = collections.defaultdict(lambda: collections.defaultdict(dict))  # (ps,name)->e->q->rows
         self.bwd_wm = collections.defaultdict(lambda: {q: -1 for q in plan.send})
         self.bwd_total = collections.defaultdict(dict)   # (ps, name) -> e -> owned-row gradient
+        self.ghost_pred = collections.defaultdict(dict)  # (ps, name) -> e -> ghost rows extrapolated to epoch e
         self.global_wm = collections.defaultdict(set)  # (dir, stage, epoch) -> partitions that finished it
         self.latest_version = -1
         self.start_epoch = start_epoch  # a resumed run starts here; it counts as epoch 0 for staleness
@@ -158,7 +162,7 @@ class GraphServer:
 
     # ------------------------------------------------------------------------------------------------ helpers
     def version_for(self, e: int) -> int:
-        return max(e - self.staleness, self.start_epoch)
+        return weight_version(e, self.staleness, self.mode, self.start_epoch)
 
     def seed_for(self, e: int, s: int) -> int:
         return int(dropout_seeds(self.seed, e, len(self.stages))[s])
@@ -212,8 +216,21 @@ class GraphServer:
         out = np.empty((iv.cols.size, *own.shape[1:]), own.dtype)
         own_pos, ghost_pos = self._col_split[i]
         out[own_pos] = own[iv.cols[own_pos]]
-        out[ghost_pos] = self.fwd[(ps, name)][e_ghost][iv.cols[ghost_pos]]
+        out[ghost_pos] = self._ghost_values(ps, name, e, e_ghost)[iv.cols[ghost_pos] - self.n_own]
         return out
+
+    def _ghost_values(self, ps: int, name: str, e: int, e_ghost: int) -> np.ndarray:
+        """The ghost rows epoch e reads. PREDICT extrapolates them linearly from epochs e_ghost - 1 and e_ghost to
+        e: a stale AV output carries its layer's old weights, and that lag, on every cut edge, makes Adam
+        oscillate on graphs with many cut edges (README, 'Bounded staleness')."""
+        st = self.fwd[(ps, name)]
+        if self.mode is not StalenessMode.PREDICT or e_ghost - 1 < self.start_epoch:
+            return st[e_ghost][self.n_own:]
+        pred = self.ghost_pred[(ps, name)]
+        if e not in pred:  # once per epoch, from two fixed versions: deterministic
+            new, old = st[e_ghost][self.n_own:], st[e_ghost - 1][self.n_own:]
+            pred[e] = new + (e - e_ghost) * (new - old)
+        return pred[e]
 
     def _store(self, ps: int, name: str, e: int) -> np.ndarray:
         st = self.fwd[(ps, name)]
@@ -315,7 +332,8 @@ class GraphServer:
         if local is None:
             self._gate = "local"
             return None
-        e_ghost = max(e - self.staleness, self.start_epoch)
+        # PREDICT waits for this epoch's ghost gradients: stale ones close a loop of delay 2S through the weights.
+        e_ghost = e if self.mode is StalenessMode.PREDICT else max(e - self.staleness, self.start_epoch)
         wm = self.bwd_wm[(ps, name)]
         if wm and min(wm.values()) < e_ghost:
             self._gate = "ghost_grads"
@@ -535,7 +553,7 @@ class GraphServer:
 
     def _gc(self) -> None:
         low = min(self.epoch) - self.staleness - 1
-        for stores in (self.fwd, self.bwd_sum, self.bwd_total):
+        for stores in (self.fwd, self.bwd_sum, self.bwd_total, self.ghost_pred):
             for st in stores.values():
                 for e in [e for e in st if e < low]:
                     del st[e]

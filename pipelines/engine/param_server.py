@@ -1,9 +1,12 @@
 """The parameter server: versioned weights, weight stashing, and WU with optax (sync per epoch or per interval).
 
 Small pieces with explicit state, optax style: `init(params) -> PSState`, `update(state, grads...) -> PSState`.
-Versions count epochs: version v is the weights after the updates of epochs 0..v-1, so the forward pass of
-epoch e with staleness S uses version max(e - S, 0), its backward pass the same one (stashing), and a run with
-the same seed gives the same numbers however its tasks were timed.
+Versions count epochs: version v is the weights after the updates of epochs 0..v-1. `weight_version` is the
+policy: by default epoch e uses version e, so the WU of epoch e-1 is a barrier and only ghost values are stale;
+`StalenessMode.STALE` uses version max(e - S, 0), which lets epochs overlap but applies every gradient S steps
+late, and Adam on delayed gradients oscillates on large graphs (see the README).
+The backward pass uses the forward's version (stashing), and a run with the same seed gives the same numbers
+however its tasks were timed.
 """
 from __future__ import annotations
 
@@ -17,7 +20,14 @@ import optax
 
 from ops.params import flatten, unflatten
 from pipelines.engine.messages import EngineError
-from schemas.tasks import Channel, Lifecycle, Message, TaskKind
+from schemas.tasks import Channel, Lifecycle, Message, StalenessMode, TaskKind
+
+
+def weight_version(epoch: int, staleness: int, mode: StalenessMode, start_epoch: int = 0) -> int:
+    """The weight version epoch `epoch` runs its forward and backward passes with (a fixed one: deterministic)."""
+    if mode is StalenessMode.STALE:
+        return max(epoch - staleness, start_epoch)
+    return max(epoch, start_epoch)
 
 
 @dataclasses.dataclass
