@@ -28,6 +28,7 @@ from pipelines.continuous.stream import Stream, StreamOptions
 from pipelines.engine.messages import Message
 from pipelines.transports import codec
 from pipelines.transports.kafka import KafkaTransport, topic_name
+from schemas import lambda_events
 from schemas import messages as S
 from schemas.events import encode_events, events_batch
 from tests.support.ogb import write_ogb
@@ -520,8 +521,8 @@ def lambda_task():
 
 def _lambda_event(lambda_task, arrays=None, meta=None, flat=None, stage=0, version=1, **top):
     a, m, w = lambda_task
-    task = LH.encode_task("AV", 1, stage, 0, 0, version, {**a, **(arrays or {})}, {**m, **(meta or {})})
-    event = LH.make_event(LH.inline(task), LH.inline(LH.encode_weights(version, w if flat is None else flat)),
+    task = lambda_events.encode_task("AV", 1, stage, 0, 0, version, {**a, **(arrays or {})}, {**m, **(meta or {})})
+    event = lambda_events.make_event(lambda_events.inline(task), lambda_events.inline(lambda_events.encode_weights(version, w if flat is None else flat)),
                           kind="AV")
     return {**event, **top}
 
@@ -535,7 +536,7 @@ LAMBDA_CASES: dict[str, tuple[Callable, str, str]] = {
     "lambda-bad-base64": (lambda t: _lambda_event(t, input={"inline": "@@@"}), "InvalidEvent", "base64"),
     "lambda-two-sources": (lambda t: _lambda_event(t, input={"inline": "a", "s3": {}}), "InvalidEvent",
                            "exactly one"),
-    "lambda-input-not-arrow": (lambda t: _lambda_event(t, input=LH.inline(b"not arrow")), "InvalidInput", "Arrow"),
+    "lambda-input-not-arrow": (lambda t: _lambda_event(t, input=lambda_events.inline(b"not arrow")), "InvalidInput", "Arrow"),
     "lambda-task-kind-mismatch": (lambda t: _lambda_event(t, task="AE"), "InvalidTask", "names task 'AE'"),
     "lambda-h-wrong-width": (lambda t: _lambda_event(t, arrays={"h": np.ones((6, 5), np.float32)}), "InvalidTask",
                              "takes"),
