@@ -15,7 +15,8 @@ from ops.optim import dropout_seeds, make_optimizer
 from ops.sparse import Adjacency
 from pipelines import rundir
 from pipelines.config import TrainConfig
-from pipelines.data.graph import Graph, gcn_normalize, row_normalize
+from pipelines.data.features import normalize_features
+from pipelines.data.graph import Graph, gcn_normalize
 
 
 def build_model(cfg: TrainConfig, graph: Graph) -> models.Model:
@@ -28,11 +29,11 @@ def build_model(cfg: TrainConfig, graph: Graph) -> models.Model:
 
 
 def model_inputs(cfg: TrainConfig, graph: Graph):
-    """Features after the configured normalization, and the normalized adjacency the model gathers over.
+    """Features after the configured normalization ("auto": chosen from the features), and the normalized adjacency the model gathers over.
 
     GCN gathers over Â = D^-1/2 (A+I) D^-1/2; GAT over A+I with unit values (its weights are attention).
     """
-    x = row_normalize(graph.features) if cfg.feature_norm == "row" else graph.features
+    x = normalize_features(graph.features, cfg.feature_norm)
     a = gcn_normalize(graph.adj)
     if cfg.model == "gat":
         a = a.copy()

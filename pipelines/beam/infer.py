@@ -37,6 +37,7 @@ DIR/infer.json                       what was run on what: files with rows and s
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import json
 import logging
@@ -56,6 +57,7 @@ from apache_beam import pvalue
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from pipelines.beam.prepare import STATS_FILE, Stat, StatsFn, _write_stats, _write_table, engine_flags, shard_name
+from pipelines.data.features import resolve_feature_norm
 from pipelines.data.graph import DataError
 from schemas import files as file_schemas
 
@@ -541,10 +543,14 @@ def run(argv: list[str] | None = None) -> dict:
             root, entries = str(Path(prepared).absolute()), manifest["partitions"]
             n, f = manifest["num_vertices"], manifest["feature_dim"]
             source = {"prepared": str(Path(prepared).absolute())}
+            if cfg.feature_norm == "auto":
+                raise DataError(f"run {args.run} has feature_norm auto, which needs the whole feature matrix; "
+                                "set feature_norm = row or none in its config.toml (dorylus train records it)")
         else:
             from pipelines.data.registry import load_dataset
 
             graph = load_dataset(dataset, args.data_dir or cfg.data_dir, seed=cfg.seed)
+            cfg = dataclasses.replace(cfg, feature_norm=resolve_feature_norm(graph.features, cfg.feature_norm))
             entries = _dataset_shards(graph, tmp / "_input")
             root, n, f = str(tmp / "_input"), graph.num_nodes, graph.feature_dim
             source = {"dataset": dataset or "(default planted graph)"}
