@@ -5,9 +5,14 @@ import numpy as np
 import optax
 
 
+def l2_decay(weight_decay: float, decay_mask) -> optax.GradientTransformation:
+    """Gradient of weight_decay · Σ W² / 2 over the masked weights, added to the loss gradient (Kipf's L2)."""
+    return optax.add_decayed_weights(weight_decay, mask=decay_mask)
+
+
 def make_optimizer(lr: float, weight_decay: float, decay_mask) -> optax.GradientTransformation:
     """Adam (Kingma & Ba, 2015) on gradients plus weight_decay · W for the masked weights (L2, as in Kipf's GCN)."""
-    return optax.chain(optax.add_decayed_weights(weight_decay, mask=decay_mask), optax.adam(lr))
+    return optax.chain(l2_decay(weight_decay, decay_mask), optax.adam(lr))
 
 
 def dropout_seeds(seed: int, epoch: int, num_stages: int) -> np.ndarray:

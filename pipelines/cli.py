@@ -7,7 +7,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from pipelines.config import FIELDS, ConfigError, build_config, load_toml
+from pipelines.config import FEATURE_NORMS, FIELDS, ConfigError, build_config, load_toml
 
 
 class UsageError(Exception):
@@ -33,7 +33,9 @@ def _train_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--prepared", metavar="DIR", help="a graph prepared by `dorylus prepare --out DIR` (instead of "
                                                      "--dataset); the engine uses its partitions when --partitions "
                                                      "equals theirs")
-    g.add_argument("--feature-norm", choices=["row", "none"])
+    g.add_argument("--feature-norm", choices=FEATURE_NORMS,
+                   help="row (Kipf's), none, or auto (default): row unless the mean row has more than "
+                        "sqrt(features) non-zeros or negative entries")
     g = p.add_argument_group("model")
     g.add_argument("--model", choices=["gcn", "gat", "sage"])
     g.add_argument("--hidden", type=int)
@@ -112,6 +114,7 @@ def cmd_train(args) -> int:
     from pipelines import rundir
     from pipelines.data.graph import DataError, check_trainable
     from pipelines.engine.cost import load_prices
+    from pipelines.data.features import resolve_feature_norm
     from pipelines.data.registry import load_dataset
 
     if getattr(args, "resume", None):
@@ -146,6 +149,8 @@ def cmd_train(args) -> int:
     for warning in check_trainable(graph):  # no training/val/test vertex is a DataError, before any output
         print(f"dorylus: warning: {warning}", file=sys.stderr)
     load_prices(cfg.prices)  # a bad price table is an error now, not after training
+    # config.toml records what "auto" chose, so inference normalizes block by block without the whole graph.
+    cfg.feature_norm = run_cfg.feature_norm = resolve_feature_norm(graph.features, cfg.feature_norm)
     if cfg.out is None:
         stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
         cfg.out = str(Path("runs") / f"{graph.name}-{cfg.model}-{stamp}")

@@ -21,6 +21,9 @@ class ConfigError(ValueError):
     """A setting is wrong; the message names the setting and the problem."""
 
 
+# Feature normalizations: auto (chosen from the features, pipelines/data/features.py), row (Kipf's), none.
+FEATURE_NORMS = ("auto", "row", "none")
+
 # Model-specific defaults (Kipf & Welling 2017 for GCN, Veličković et al. 2018 for GAT, PyG's GraphSAGE example
 # for SAGE), used when unset.
 MODEL_DEFAULTS = {
@@ -36,7 +39,7 @@ class TrainConfig:
     dataset: str | None = None
     data_dir: str | None = None
     prepared: str | None = None         # a graph prepared by the Beam pipeline (dorylus prepare --out DIR)
-    feature_norm: str = "row"
+    feature_norm: str = "auto"          # auto: chosen from the features (pipelines/data/features.py)
     # model
     model: str = "gcn"
     hidden: int | None = None
@@ -109,7 +112,8 @@ class TrainConfig:
         need(self.weight_decay is None or self.weight_decay >= 0,
              f"weight_decay must be >= 0, got {self.weight_decay}")
         need(self.patience >= 0, f"patience must be >= 0 (0 disables early stopping), got {self.patience}")
-        need(self.feature_norm in ("row", "none"), f"feature_norm must be row or none, got {self.feature_norm!r}")
+        need(self.feature_norm in FEATURE_NORMS,
+             f"feature_norm must be {', '.join(FEATURE_NORMS)}, got {self.feature_norm!r}")
         need(self.order in ("auto", "ga-first", "av-first"),
              f"order must be auto, ga-first or av-first, got {self.order!r}")
         need(self.partitions >= 1, f"partitions must be >= 1, got {self.partitions}")

@@ -20,7 +20,8 @@ from ops import params as P
 from ops.sparse import Adjacency
 from pipelines import rundir
 from pipelines.config import TrainConfig
-from pipelines.data.graph import Graph, gcn_normalize, row_normalize
+from pipelines.data.features import normalize_features
+from pipelines.data.graph import Graph, gcn_normalize
 
 #: an epoch's accuracy columns when the driver skips evaluation (benchmarks time the pipeline alone)
 NO_EVALUATION = {"train_acc": None, "val_acc": 0.0, "val_loss": 0.0, "test_acc": None}
@@ -39,12 +40,13 @@ class TrainResult:
 
 
 def model_inputs(cfg: TrainConfig, graph: Graph):
-    """Features after the configured normalization, and the normalized adjacency the model gathers over.
+    """Features after the configured normalization ("auto": chosen from the features), and the normalized
+    adjacency the model gathers over.
 
     GCN gathers over Â = D^-1/2 (A+I) D^-1/2; GAT over A+I with unit values (its weights are attention);
     GraphSAGE over Â too, taking its mean (D^-1 A) and self-loops from Â's structure.
     """
-    x = row_normalize(graph.features) if cfg.feature_norm == "row" else graph.features
+    x = normalize_features(graph.features, cfg.feature_norm)
     a = gcn_normalize(graph.adj)
     if cfg.model == "gat":
         a = a.copy()

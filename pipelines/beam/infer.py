@@ -37,6 +37,7 @@ DIR/infer.json                       what was run on what: files with rows and s
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import json
 import logging
@@ -61,6 +62,7 @@ from pipelines.beam.runners import CommandParser, RunnerUnavailable, add_engine_
 from pipelines.beam.writers import check_output, read_stats, shard_name, staged_output, write_json, write_stats, \
     write_table
 from pipelines.config import ConfigError
+from pipelines.data.features import resolve_feature_norm
 from pipelines.data.graph import DataError
 from pipelines.data.prepared import verify_shards
 from schemas import files as file_schemas
@@ -519,19 +521,25 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
-def _plan_input(prepared, dataset, data_dir, cfg, tmp: Path) -> tuple[str, list, int, int, dict]:
-    """(shards root, partition entries, N, F, input record) of a prepared graph, or of a dataset written as one
-    vertex shard and one edge shard under ``tmp/_input``."""
+def _plan_input(prepared, dataset, data_dir, cfg, tmp: Path) -> tuple[str, list, int, int, dict, str]:
+    """(shards root, partition entries, N, F, input record, feature normalization) of a prepared graph, or of a
+    dataset written as one vertex shard and one edge shard under ``tmp/_input`` (its "auto" normalization is
+    resolved from the whole feature matrix; a prepared graph's blocks cannot tell, so there it is an error)."""
     if prepared is not None:
+        if cfg.feature_norm == "auto":
+            raise DataError("the run's feature_norm is auto, which needs the whole feature matrix; set "
+                            "feature_norm = row or none in its config.toml (dorylus train records it)")
         manifest = verify_shards(prepared)
         root = str(Path(prepared).absolute())
-        return root, manifest["partitions"], manifest["num_vertices"], manifest["feature_dim"], {"prepared": root}
+        return (root, manifest["partitions"], manifest["num_vertices"], manifest["feature_dim"], {"prepared": root},
+                cfg.feature_norm)
     from pipelines.data.registry import load_dataset
 
     graph = load_dataset(dataset, data_dir or cfg.data_dir, seed=cfg.seed)
+    norm = resolve_feature_norm(graph.features, cfg.feature_norm)
     entries = _dataset_shards(graph, tmp / "_input")
     return (str(tmp / "_input"), entries, graph.num_nodes, graph.feature_dim,
-            {"dataset": dataset or "(default planted graph)"})
+            {"dataset": dataset or "(default planted graph)"}, norm)
 
 
 def run(argv: list[str] | None = None) -> dict:
@@ -551,9 +559,9 @@ def run(argv: list[str] | None = None) -> dict:
     pipeline_args = engine_flags(args.engine, args.workers, pipeline_args)
     options = pipeline_options(pipeline_args)
     with staged_output(out, args.overwrite) as tmp:
-        root, entries, n, f, source = _plan_input(prepared, dataset, args.data_dir, cfg, tmp)
+        root, entries, n, f, source, feature_norm = _plan_input(prepared, dataset, args.data_dir, cfg, tmp)
         model, num_classes = build_checked_model(cfg, params, f)
-        plan = Plan(root, list(entries), n, f, num_classes, cfg.model, cfg.feature_norm, segments(model), params,
+        plan = Plan(root, list(entries), n, f, num_classes, cfg.model, feature_norm, segments(model), params,
                     args.block_size, args.output_shards or max(1, len(entries)) if prepared else
                     (args.output_shards or 1), not args.no_embeddings)
         with beam.Pipeline(options=options) as p:

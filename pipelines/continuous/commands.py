@@ -5,11 +5,13 @@ from __future__ import annotations
 import json
 import sys
 
+from pipelines.config import FEATURE_NORMS
+
 
 def _model_flags(p) -> None:
     g = p.add_argument_group("model and training (as `dorylus train`)")
     g.add_argument("--config", help="TOML file with training settings (flags win)")
-    g.add_argument("--feature-norm", choices=["row", "none"])
+    g.add_argument("--feature-norm", choices=FEATURE_NORMS)
     g.add_argument("--model", choices=["gcn", "gat", "sage"])
     g.add_argument("--hidden", type=int)
     g.add_argument("--heads", type=int)
