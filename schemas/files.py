@@ -138,14 +138,19 @@ def _is(v: Any, types: tuple[type, ...]) -> bool:
     return isinstance(v, types)
 
 
+def _object_with(obj: Any, required: Mapping[str, Any], what: str) -> dict:
+    """obj as a dict, when it is a JSON object holding every key of `required`; SchemaError otherwise."""
+    if not isinstance(obj, Mapping):
+        raise SchemaError(f"{what} must be a JSON object, got {type(obj).__name__}")
+    missing = [k for k in required if k not in obj]
+    if missing:
+        raise SchemaError(f"{what} is missing {missing}")
+    return dict(obj)
+
+
 def validate_metrics_row(row: Mapping[str, Any]) -> dict[str, Any]:
     """Check one ``metrics.jsonl`` row; returns it as a dict. Raises :class:`SchemaError`."""
-    if not isinstance(row, Mapping):
-        raise SchemaError(f"metrics row must be a JSON object, got {type(row).__name__}")
-    row = dict(row)
-    missing = [k for k in METRICS_REQUIRED if k not in row]
-    if missing:
-        raise SchemaError(f"metrics row is missing {missing}")
+    row = _object_with(row, METRICS_REQUIRED, "metrics row")
     for k, (types, nullable) in METRICS_REQUIRED.items():
         v = row[k]
         if v is None and nullable:
@@ -435,12 +440,7 @@ def validate_manifest(obj: Mapping[str, Any] | str | Path) -> dict[str, Any]:
             obj = json.loads(Path(obj).read_text(encoding="utf-8"))
         except ValueError as e:
             raise SchemaError(f"manifest {obj}: not JSON: {e}") from None
-    if not isinstance(obj, Mapping):
-        raise SchemaError(f"manifest must be a JSON object, got {type(obj).__name__}")
-    m = dict(obj)
-    missing = [k for k in MANIFEST_REQUIRED if k not in m]
-    if missing:
-        raise SchemaError(f"manifest is missing {missing}")
+    m = _object_with(obj, MANIFEST_REQUIRED, "manifest")
     for k, types in MANIFEST_REQUIRED.items():
         if not _is(m[k], types):
             raise SchemaError(f"manifest key {k!r} must be {types[0].__name__}, got {type(m[k]).__name__}")

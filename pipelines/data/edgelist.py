@@ -204,14 +204,20 @@ def _read_column(path: Path, column: str) -> np.ndarray:
     return _place(ids, values)
 
 
-def read_labels(path: str | Path) -> np.ndarray:
-    """Integer labels [N] from .npy or a Parquet `label` column; -1 (or null) means unlabelled."""
+def _read_1d(path: str | Path, column: str, what: str) -> tuple[Path, np.ndarray]:
+    """(path, values) of a per-node file (.npy or a Parquet `column`); DataError when missing or not 1-D."""
     path = Path(path)
     if not path.is_file():
-        raise DataError(f"missing label file {path}")
-    y = _read_column(path, "label")
-    if y.ndim != 1:
-        raise DataError(f"{path}: labels must be 1-D, got shape {y.shape}")
+        raise DataError(f"missing {column} file {path}")
+    values = _read_column(path, column)
+    if values.ndim != 1:
+        raise DataError(f"{path}: {what} must be 1-D, got shape {values.shape}")
+    return path, values
+
+
+def read_labels(path: str | Path) -> np.ndarray:
+    """Integer labels [N] from .npy or a Parquet `label` column; -1 (or null) means unlabelled."""
+    path, y = _read_1d(path, "label", "labels")
     if not np.issubdtype(y.dtype, np.integer):
         raise DataError(f"{path}: labels must be integers, got dtype {y.dtype}")
     return y
@@ -219,12 +225,7 @@ def read_labels(path: str | Path) -> np.ndarray:
 
 def read_split(path: str | Path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Train/val/test masks from 0/1/2 (or "train"/"val"/"test") per node, -1 or null = no split."""
-    path = Path(path)
-    if not path.is_file():
-        raise DataError(f"missing split file {path}")
-    s = _read_column(path, "split")
-    if s.ndim != 1:
-        raise DataError(f"{path}: split must be 1-D, got shape {s.shape}")
+    path, s = _read_1d(path, "split", "split")
     if s.dtype == object or s.dtype.kind in "US":
         unknown = {v for v in s.tolist() if v is not None and str(v).lower() not in SPLIT_NAMES}
         if unknown:
