@@ -64,7 +64,7 @@ from pipelines.beam.writers import check_output, read_stats, shard_name, staged_
 from pipelines.config import ConfigError
 from pipelines.data.features import resolve_feature_norm
 from pipelines.data.graph import DataError
-from pipelines.data.prepared import verify_shards
+from pipelines.data.prepared import feature_norm_of, verify_shards
 from schemas import files as file_schemas
 from schemas.tasks import StageKind
 
@@ -523,16 +523,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _plan_input(prepared, dataset, data_dir, cfg, tmp: Path) -> tuple[str, list, int, int, dict, str]:
     """(shards root, partition entries, N, F, input record, feature normalization) of a prepared graph, or of a
-    dataset written as one vertex shard and one edge shard under ``tmp/_input`` (its "auto" normalization is
-    resolved from the whole feature matrix; a prepared graph's blocks cannot tell, so there it is an error)."""
+    dataset written as one vertex shard and one edge shard under ``tmp/_input`` ("auto" normalization resolved
+    from the features: the whole matrix of a dataset, shard by shard for a prepared graph)."""
     if prepared is not None:
-        if cfg.feature_norm == "auto":
-            raise DataError("the run's feature_norm is auto, which needs the whole feature matrix; set "
-                            "feature_norm = row or none in its config.toml (dorylus train records it)")
         manifest = verify_shards(prepared)
         root = str(Path(prepared).absolute())
         return (root, manifest["partitions"], manifest["num_vertices"], manifest["feature_dim"], {"prepared": root},
-                cfg.feature_norm)
+                feature_norm_of(root, cfg.feature_norm, manifest))
     from pipelines.data.registry import load_dataset
 
     graph = load_dataset(dataset, data_dir or cfg.data_dir, seed=cfg.seed)

@@ -1,6 +1,8 @@
 """Feature room: structural node features for graphs that come without any, and the feature normalization."""
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 import scipy.sparse as sp
 
@@ -40,16 +42,35 @@ def resolve_feature_norm(features: np.ndarray, mode: str = "auto") -> str:
         raise ValueError(f"feature_norm must be one of {', '.join(FEATURE_NORMS)}, got {mode!r}")
     if mode != "auto":
         return mode
-    rows, dim = features.shape
-    if rows == 0 or dim == 0:
+    return norm_from_stats(FeatureStats.of(features))
+
+
+class FeatureStats(NamedTuple):
+    """What "auto" decides from, summable over blocks of rows (a prepared graph's shards)."""
+
+    dim: int
+    min_value: float       # +inf for no rows
+    nnz: int               # non-zeros over the non-empty rows
+    nonempty_rows: int
+
+    @classmethod
+    def of(cls, features: np.ndarray) -> "FeatureStats":
+        rows, dim = features.shape
+        if rows == 0 or dim == 0:
+            return cls(dim, float("inf"), 0, 0)
+        nnz = np.count_nonzero(features, axis=1)
+        return cls(dim, float(features.min()), int(nnz.sum()), int((nnz > 0).sum()))
+
+    def __add__(self, other: "FeatureStats") -> "FeatureStats":
+        return FeatureStats(self.dim, min(self.min_value, other.min_value), self.nnz + other.nnz,
+                            self.nonempty_rows + other.nonempty_rows)
+
+
+def norm_from_stats(stats: FeatureStats) -> str:
+    """"row" while the mean non-empty row has at most sqrt(F) non-zeros and no entry is negative, else "none"."""
+    if stats.dim == 0 or stats.nonempty_rows == 0 or stats.min_value < 0:
         return "none"
-    if float(features.min()) < 0:
-        return "none"
-    nnz = np.count_nonzero(features, axis=1)
-    nonempty = nnz > 0
-    if not nonempty.any():
-        return "none"
-    return "row" if float(nnz[nonempty].mean()) <= np.sqrt(dim) else "none"
+    return "row" if stats.nnz / stats.nonempty_rows <= np.sqrt(stats.dim) else "none"
 
 
 def normalize_features(features: np.ndarray, mode: str = "auto") -> np.ndarray:

@@ -19,6 +19,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import scipy.sparse as sp
 
+from pipelines.data.features import FeatureStats, norm_from_stats
 from pipelines.data.graph import DataError, clean_adjacency, make_graph
 from pipelines.data.registry import sha256_file
 from schemas.files import (MANIFEST_FILE, PREPARED_FORMAT, PREPARED_FORMAT_VERSIONS, SPLIT_CODES, SPLIT_NAMES,
@@ -196,3 +197,18 @@ def load_graph(root: str | os.PathLike, name: str | None = None, verify: bool = 
     num_classes = manifest.get("num_classes") or None
     return make_graph(name or manifest.get("name") or os.path.basename(os.path.abspath(root)), src, dst, features,
                       labels, *masks, num_classes=num_classes)
+
+
+def feature_norm_of(root: str | os.PathLike, mode: str, manifest: dict | None = None) -> str:
+    """The feature normalization `mode` resolves to for a prepared graph ("auto": decided from its features,
+    one vertex shard at a time, as `pipelines.data.features.resolve_feature_norm` decides for a whole matrix)."""
+    if mode != "auto":
+        return mode
+    manifest = manifest or read_manifest(root)
+    dim = int(manifest["feature_dim"])
+    stats = FeatureStats(dim, float("inf"), 0, 0)
+    for entry in manifest["partitions"]:
+        col = _read_shard(root, entry, "vertices", False, ["features"]).column("features").combine_chunks()
+        x = col.flatten().to_numpy(zero_copy_only=False).reshape(len(col), dim)
+        stats = stats + FeatureStats.of(x)
+    return norm_from_stats(stats)
