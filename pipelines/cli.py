@@ -157,7 +157,7 @@ def cmd_train(args) -> int:
     created = not Path(cfg.out).exists()
     out = rundir.prepare_out_dir(cfg.out, overwrite=args.overwrite)
     try:
-        result = _run_training(args, cfg, run_cfg, graph, out)
+        result = _run_training(args, cfg, run_cfg, graph, out, role_bootstrap)
     except (ConfigError, DataError):
         # Bad input found once the run started (a partition smaller than --intervals, say): no partial output.
         if created:
@@ -169,7 +169,7 @@ def cmd_train(args) -> int:
     return 0
 
 
-def _run_training(args, cfg, run_cfg, graph, out):
+def _run_training(args, cfg, run_cfg, graph, out, role_bootstrap: dict[str, str]):
     from pipelines import rundir
 
     rundir.atomic_write_text(out / "config.toml", cfg.to_toml())

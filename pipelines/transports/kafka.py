@@ -582,7 +582,7 @@ class _AssignedConsumer(Consumer):
     def poll(self, timeout: float, max_messages: int = 256) -> list[Message]:
         if self._closed:
             return []
-        self.t._raise_if_lost()
+        self.transport._raise_if_lost()
         with self._lock:
             batches = self.kc.poll(timeout_ms=int(max(timeout, 0.0) * 1000), max_records=max_messages)
             records = []
@@ -690,7 +690,7 @@ class _SharedGroup:
     def take(self, timeout: float, max_messages: int, member) -> list[Message]:
         deadline = time.monotonic() + timeout
         while True:
-            self.t._raise_if_lost()
+            self.transport._raise_if_lost()
             with self.lock:
                 if self._gone:
                     return []
