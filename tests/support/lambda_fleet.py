@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 LAMBDA_SH = REPO / "infra" / "local" / "lambda.sh"
 BUCKET = "dorylus-fleet"
 WORKERS = 4
