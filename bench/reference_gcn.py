@@ -172,8 +172,11 @@ def _keep_masks(model, seeds, n: int):
 
 
 def _reference_inputs(graph, cfg):
+    from pipelines.data.features import resolve_feature_norm  # the trainer's choice for "auto", as it makes it
+
     x = graph.features.astype(np.float64)
-    return normalized_adjacency(graph.adj), row_normalized(x) if cfg.feature_norm == "row" else x
+    norm = resolve_feature_norm(graph.features, cfg.feature_norm)
+    return normalized_adjacency(graph.adj), row_normalized(x) if norm == "row" else x
 
 
 def compare_one_step(graph, cfg, dropout: bool = True) -> dict:

@@ -25,7 +25,9 @@ def test_one_step_loss_and_gradients_match_the_reference(graph, order, dropout):
 
 
 def test_weights_follow_the_reference_adam_for_several_epochs(graph):
-    cfg = TrainConfig(model="gcn", hidden=16).resolved()
+    # Kipf's row-normalized features: with this graph's raw features (what "auto" keeps) float32 against float64
+    # drifts past 1e-5 within 5 Adam steps (7e-4 in w0), though the one-step gradients agree.
+    cfg = TrainConfig(model="gcn", hidden=16, feature_norm="row").resolved()
     rows = ref.compare_steps(graph, cfg, steps=5)
     assert rows[-1]["loss_trainer"] < rows[0]["loss_trainer"]
     for r in rows:
