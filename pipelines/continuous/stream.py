@@ -49,6 +49,7 @@ import pyarrow.compute as pc
 
 from ops import params as P
 from ops.spec import CONFIG_FIELDS as MODEL_CONFIG_FIELDS
+from pipelines.data.features import resolve_feature_norm
 from pipelines import rundir
 from pipelines.config import ConfigError, TrainConfig
 from pipelines.continuous import checkpoint as ckpt
@@ -500,6 +501,10 @@ class Stream:
         self.last_round_end = time.monotonic()
 
     def _train(self, graph, epochs: int, seed: int):
+        if self.cfg.feature_norm == "auto":
+            # Decided once, on the first round's graph: a choice that flipped between rounds would hand the
+            # warm-started weights differently scaled inputs. The checkpoint's config keeps it.
+            self.cfg = dataclasses.replace(self.cfg, feature_norm=resolve_feature_norm(graph.features, "auto"))
         cfg = dataclasses.replace(self.cfg, epochs=epochs, seed=seed, out=None)
         opt = self._unflatten_opt(graph) if self.opt_leaves is not None else None
         small = graph.num_nodes < 4 * cfg.partitions * cfg.intervals
@@ -624,6 +629,8 @@ class Stream:
             raise ConfigError(f"{self.out} holds a checkpoint of topic {meta.get('events_topic')!r}, not "
                               f"{self.opts.events_topic!r} (use --fresh to start over)")
         old = meta.get("config", {})
+        if self.cfg.feature_norm == "auto" and old.get("feature_norm") not in (None, "auto"):
+            self.cfg = dataclasses.replace(self.cfg, feature_norm=old["feature_norm"])  # as the first round chose
         for f in MODEL_CONFIG_FIELDS:
             if f in old and old[f] != getattr(self.cfg, f):
                 raise ConfigError(f"{self.out} holds a checkpoint with {f}={old[f]!r}, not {getattr(self.cfg, f)!r} "
