@@ -119,7 +119,7 @@ def test_unhandled_runtime_error_is_a_function_error(fleet_env):
             garbled.append(True)
             params["body"] = b"{" + params["body"]
     pool._clients_by_ep[0].meta.events.register_first("before-call.lambda.Invoke", garble)
-    pool._safe_run(msg)
+    pool.run_task(msg)
     (reply,) = results(t, msg.partition)
     assert reply.kind == "AV", reply.meta.get("error")
     st = pool.stats()
@@ -137,7 +137,7 @@ def test_s3_offload_through_the_runtime_and_a_real_s3_server(fleet_env):
     for v, flat in weights.items():
         pool.weights.put(Message("WEIGHTS", -1, -1, -1, -1, v, arrays=flat))
     pool.check()
-    pool._safe_run(msg)
+    pool.run_task(msg)
     (reply,) = results(t, 0)
     assert reply.kind == "AV", reply.meta.get("error")
     ref, _ = execute(model, msg, params)
