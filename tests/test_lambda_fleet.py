@@ -15,7 +15,7 @@ import time
 import numpy as np
 import pytest
 
-from ops import lambda_handler as LH
+from schemas import lambda_events
 from pipelines.config import ConfigError, TrainConfig
 from pipelines.engine.aws_lambda import AwsLambdaPool
 from pipelines.engine.messages import Message
@@ -144,7 +144,7 @@ def test_s3_offload_through_the_runtime_and_a_real_s3_server(fleet_env):
     np.testing.assert_allclose(reply.arrays["h"], ref.arrays["h"], atol=1e-6)
     st = pool.stats()
     assert st["s3_puts"] == 3 and st["s3_gets"] == 3, st  # as against moto's in-process mock (test_lambda_aws)
-    assert st["s3_bytes_put"] > LH.INVOKE_LIMIT_BYTES
+    assert st["s3_bytes_put"] > lambda_events.INVOKE_LIMIT_BYTES
     pool.stop()
     s3 = fleet_env.s3()
     assert s3.list_objects_v2(Bucket=fleet_env.bucket, Prefix="tensor-workers/fleet-s3/").get("KeyCount", 0) == 0
