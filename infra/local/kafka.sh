@@ -506,14 +506,7 @@ do_stop() {
     rm -f "$WATCH_PID_FILE"
   fi
   if [[ -n "$pid" ]]; then
-    kill -TERM "$pid" 2>/dev/null || true
-    local deadline=$(( $(date +%s) + timeout ))
-    while kill -0 "$pid" 2>/dev/null && [[ $(date +%s) -lt $deadline ]]; do sleep 0.2; done
-    if kill -0 "$pid" 2>/dev/null; then
-      log "broker $pid still alive after ${timeout}s; SIGKILL"
-      kill -KILL "$pid" 2>/dev/null || true
-      while kill -0 "$pid" 2>/dev/null; do sleep 0.1; done
-    fi
+    stop_pid "$pid" "$timeout"   # kafka_cluster.sh: SIGTERM, wait, then SIGKILL
     echo "=== stopped $(date -u +%FT%TZ)" >>"$LOG_FILE"
     echo "stopped (pid $pid)"
   else
