@@ -4,7 +4,9 @@
   timeline, on the run's own partition plan) have the same tasks per (partition, interval, epoch) in the same
   order, the same observed staleness, and both satisfy the schedule's ordering constraints: a GA waits for the
   SC of its ghosts' epoch e - S on every partition it reads from and for its own partition's SC of epoch e; an
-  interval's first task of epoch e waits for WU of epoch e - S - 1 (weight version e - S);
+  interval's first task of epoch e waits for the WU that published its weight version (the engine's
+  `weight_version`: e under the default staleness mode, e - S under `stale`);
+- the calibration fits a fixed cost per task beside the per-size slopes when given two block sizes;
 - candidate specs and flags that are wrong fail with one line and exit code 2, writing nothing;
 - a plan on sizes writes plan.json and plan.png, marks a best-value row, and `deploy render` deploys that row.
 """
@@ -18,13 +20,15 @@ import pytest
 from pipelines.cli import main
 from pipelines.config import ConfigError, TrainConfig
 from pipelines.data.registry import load_dataset
+from pipelines.engine.param_server import weight_version
 from pipelines.engine.partition import build_plan
 from pipelines.engine.runner import train_engine
 from pipelines.plan import search
-from pipelines.plan.calibrate import calibrate, local_layout, tagged
+from pipelines.plan.calibrate import calibrate, fit, local_layout, tagged
 from pipelines.plan.shape import Task, from_plan, schedule, step_task
 from pipelines.plan.sim import simulate
 from pipelines.train import model_inputs
+from schemas.tasks import StalenessMode
 
 SPEC = "synthetic:planted?nodes=600&features=16&degree=6"
 S = 1
@@ -58,7 +62,8 @@ def _sequences(rows) -> dict:
     return dict(seq)
 
 
-def _check_constraints(rows, stages, partitions: int, staleness: int) -> int:
+def _check_constraints(rows, stages, partitions: int, staleness: int,
+                       mode: StalenessMode = StalenessMode.PREDICT) -> int:
     """Assert the schedule's ordering constraints on a timeline; returns how many were checked."""
     tags = tagged(rows, stages)
     sc = {}
@@ -86,8 +91,9 @@ def _check_constraints(rows, stages, partitions: int, staleness: int) -> int:
                         f"GA {key} started before partition {q}'s SC of epoch {e - staleness}"
                     checked += 1
     for (p, i, e), t0 in first.items():
-        if e - staleness - 1 >= 0:
-            assert t0 >= wu[e - staleness - 1] - eps, f"interval {(p, i)} started epoch {e} before its weights"
+        v = weight_version(e, staleness, mode)
+        if v >= 1:
+            assert t0 >= wu[v - 1] - eps, f"interval {(p, i)} started epoch {e} before weight version {v}"
             checked += 1
     return checked
 
@@ -118,6 +124,26 @@ def test_simulation_keeps_the_engines_staleness_and_gates(measured):
     assert _check_constraints(sim0.rows, m.stages, 2, 0) > 0
     assert sim0.max_staleness == 0
     assert sim0.epoch_time() >= sim.epoch_time() * 0.999
+
+
+def test_simulation_follows_the_staleness_mode(measured):
+    """Under `stale` an epoch may start on weights S versions old, so epochs overlap and the simulated epoch is
+    no slower; the constraints hold for the mode's own weight version."""
+    out, _, m, sim, shape = measured
+    costs, _ = calibrate(out)
+    cfg = TrainConfig(dataset=SPEC, partitions=2, intervals=2, staleness=S, tensor_workers=2, epochs=EPOCHS,
+                      patience=0, staleness_mode="stale").resolved()
+    stale = simulate(local_layout(cfg, costs), costs, shape, m.stages, epochs=EPOCHS)
+    assert _check_constraints(stale.rows, m.stages, 2, S, StalenessMode.STALE) > 0
+    assert stale.epoch_time() <= sim.epoch_time() * 1.001
+
+
+def test_fit_separates_a_fixed_cost_per_task():
+    c, a = 4e-3, 2e-8
+    pts = [(z, 16 * z, c + a * z) for z in (35_000, 105_000) for _ in range(3)]
+    fa, fb, fc = fit(pts)
+    assert fc == pytest.approx(c, rel=1e-6) and fa + 16 * fb == pytest.approx(a, rel=1e-6)
+    assert fit([(z, 16 * z, c + a * z) for z in (105_000,)])[2] == 0.0   # one size: no fixed cost to tell
 
 
 @pytest.mark.parametrize("spec, message", [

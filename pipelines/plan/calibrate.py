@@ -1,14 +1,16 @@
-"""Calibration: task costs of the plan from a measured run (its timeline.jsonl, summary.json and config.toml).
+"""Calibration: task costs of the plan from measured runs (their timeline.jsonl, summary.json and config.toml).
 
-Per task kind the time of one task is a x base + b x wide (`shape.task_size`: nonzeros or rows, and those times
-the width moved or multiplied, on the padded block sizes every task of the run used), so it scales with the
-blocks of another partition plan; a and b are fitted with non-negative least squares to the run's
-measured spans: a tensor task's compute time (`busy`, measured on the worker), a graph server's GA/∇GA/SC/∇SC
-span, the parameter server's WU. Epoch 0 is left out (it compiles every stage). The measured times include the
-machine's other load: with `background` other runnable threads on `cores` cores, one of the run's threads got
+Per task kind the time of one task is c + a x base + b x wide (`shape.task_size`: nonzeros or rows, and those
+times the width moved or multiplied, on the padded block sizes every task of the run used), so it scales with
+the blocks of another partition plan; c is the kind's fixed cost per task (dispatch, conversions: it dominates
+small blocks) and can be told apart from a and b only by runs of different block sizes (give two, e.g. the same
+graph with 2 and 6 intervals). c, a and b are fitted with non-negative least squares to the runs' measured
+spans: a tensor task's compute time (`busy`, measured on the worker), a graph server's GA/∇GA/SC/∇SC span, the
+parameter server's WU. Epoch 0 is left out (it compiles every stage). The measured times include the machine's
+other load: with `background` other runnable threads on `cores` cores, one of the run's threads got
 min(1, cores / (background + 1)) of a core, so a task's work is its time times that (the simulator then shares
-the cores among the simulated threads and the same background). Also measured: the per-message latency of the
-local transport (the fastest dispatch-to-result time minus the task's compute time, halved).
+the cores among the simulated threads and the same background). One number is fitted to the runs' epoch times
+(`fit_wakeup`): the per-message hand-off latency.
 """
 from __future__ import annotations
 
@@ -30,6 +32,7 @@ from pipelines.engine.pools import autotune_start
 from pipelines.plan.cluster import Layout, Network
 from pipelines.plan.sim import simulate
 from pipelines.plan import world
+from schemas.tasks import StalenessMode
 from pipelines.plan.world import epoch_time, model_reads
 
 #: A kind the calibration run did not time borrows the coefficients of kinds that do the same work (the fused
@@ -39,11 +42,15 @@ FALLBACK = {Task.LAST: (Task.AV_BWD, Task.LOSS), Task.LOSS: (Task.LAST,), Task.G
             Task.AE: (Task.AE_BWD,), Task.AV_BWD: (Task.AV,), Task.AV: (Task.AV_BWD,)}
 
 
+#: Cores a local run's process can use at once: its threads share one GIL (see `local_layout`).
+PROCESS_CORES = 1.0
+
+
 @dataclasses.dataclass
 class Costs:
-    """Seconds of one task of each kind on one free core of the calibration machine: a x base + b x wide."""
+    """Seconds of one task of each kind on one free core of the calibration machine: c + a x base + b x wide."""
 
-    coef: dict           # Task -> (a, b)
+    coef: dict           # Task -> (a, b, c)
     local_latency_s: float = 0.0002
     source: str = ""
     samples: dict = dataclasses.field(default_factory=dict)   # Task -> number of measured spans
@@ -52,23 +59,23 @@ class Costs:
     gs_step_s: float = 0.0      # graph-server thread time per tensor task outside any span (fitted)
 
     def seconds(self, kind: Task, size) -> float:
-        a, b = self.coefficients(kind)
-        return a * size.base + b * size.wide
+        a, b, c = self.coefficients(kind)
+        return c + a * size.base + b * size.wide
 
-    def coefficients(self, kind: Task) -> tuple[float, float]:
+    def coefficients(self, kind: Task) -> tuple[float, float, float]:
         if kind in self.coef:
-            return self.coef[kind]
+            return tuple(self.coef[kind]) + (0.0,) * (3 - len(self.coef[kind]))
         borrowed = [self.coef[k] for k in FALLBACK.get(kind, ()) if k in self.coef]
         if not borrowed:
             raise ConfigError(f"the calibration run ({self.source}) has no {kind.value} tasks (nor any alike) to "
                               f"time; calibrate with a run of the same model")
-        return sum(c[0] for c in borrowed), sum(c[1] for c in borrowed)
+        return tuple(sum(c[k] if k < len(c) else 0.0 for c in borrowed) for k in range(3))
 
     def to_json(self) -> dict:
         return {"source": self.source, "local_latency_s": self.local_latency_s, "background": self.background,
                 "cores": self.cores, "gs_step_s": self.gs_step_s,
-                "kinds": {k.value: {"per_base_s": self.coef[k][0], "per_wide_s": self.coef[k][1],
-                                    "samples": self.samples.get(k, 0)} for k in sorted(self.coef)}}
+                "kinds": {k.value: dict(zip(("per_base_s", "per_wide_s", "per_task_s"), self.coefficients(k)),
+                                        samples=self.samples.get(k, 0)) for k in sorted(self.coef)}}
 
 
 @dataclasses.dataclass
@@ -184,10 +191,11 @@ def samples(m: Measured, skip_epochs: int = 1) -> dict:
     return out
 
 
-def fit(points: list[tuple[float, float, float]]) -> tuple[float, float] | None:
-    """(a, b) >= 0 minimizing the squared error of a x base + b x wide on per-size median times (the median
-    epoch is what the plan predicts, so the typical task, not the one a burst of other load slowed). None when
-    every task had no work (SC with one partition sends nothing): such a run cannot time the kind."""
+def fit(points: list[tuple[float, float, float]]) -> tuple[float, float, float] | None:
+    """(a, b, c) >= 0 minimizing the squared error of c + a x base + b x wide on per-size median times (the
+    median epoch is what the plan predicts, so the typical task, not the one a burst of other load slowed); c
+    only when the points have more than one block size (one size cannot tell a fixed cost from a slope). None
+    when every task had no work (SC with one partition sends nothing): such a run cannot time the kind."""
     by_size: dict = {}
     for base, wide, t in points:
         if base > 0 or wide > 0:
@@ -198,65 +206,95 @@ def fit(points: list[tuple[float, float, float]]) -> tuple[float, float] | None:
     ys = np.array([float(np.quantile(by_size[k], world.QUANTILE)) for k in keys])
     a = np.array([[k[0], k[1]] for k in keys], float)
     if len(keys) == 1:   # one size: all of it per base unit (both scale with the block)
-        return (float(ys[0] / a[0, 0]), 0.0) if a[0, 0] > 0 else (0.0, float(ys[0] / max(a[0, 1], 1.0)))
+        return (float(ys[0] / a[0, 0]), 0.0, 0.0) if a[0, 0] > 0 else (0.0, float(ys[0] / max(a[0, 1], 1.0)), 0.0)
+    sizes = len({k[0] for k in keys})
+    if sizes > 1:
+        a = np.column_stack([a, np.ones(len(keys))])
     scale = np.maximum(a.max(axis=0), 1e-30)
     sol, _ = nnls(a / scale, ys)
-    return float(sol[0] / scale[0]), float(sol[1] / scale[1])
+    sol = sol / scale
+    return float(sol[0]), float(sol[1]), float(sol[2]) if sizes > 1 else 0.0
 
 
-def calibrate(run_dir: str | Path, skip_epochs: int = 1, *, background: float = 0.0,
+def calibrate(run_dirs, skip_epochs: int = 1, *, background: float | list = 0.0,
               cores: float | None = None) -> tuple[Costs, Measured]:
-    """Task costs of a measured engine run (measured with `background` other runnable threads on `cores`)."""
-    m = load_run(run_dir)
+    """Task costs of measured engine runs (one directory or several; each measured with `background` other
+    runnable threads on `cores`: one figure, or one per run). Returns the costs and the first run."""
+    dirs = [run_dirs] if isinstance(run_dirs, (str, Path)) else list(run_dirs)
+    bgs = list(background) if isinstance(background, (list, tuple)) else [background] * len(dirs)
+    runs = [load_run(d) for d in dirs]
+    model = {(m.cfg.model, m.cfg.hidden, m.cfg.layers, m.cfg.order) for m in runs}
+    if len(model) > 1:
+        raise ConfigError(f"calibration runs {', '.join(map(str, dirs))} trained different models: calibrate with "
+                          f"runs of one model")
     cores = float(cores or os.cpu_count() or 1)
-    pts = samples(m, skip_epochs)
-    if not pts:
-        raise ConfigError(f"calibration run {run_dir}: no timed tasks after epoch {skip_epochs - 1} "
-                          f"(train for more epochs)")
-    share = min(1.0, cores / (background + 1.0))
+    pts: dict = {}
+    for m, d, bg in zip(runs, dirs, bgs):
+        share = min(1.0, cores / (bg + 1.0))
+        got = samples(m, skip_epochs)
+        if not got:
+            raise ConfigError(f"calibration run {d}: no timed tasks after epoch {skip_epochs - 1} "
+                              f"(train for more epochs)")
+        for kind, p in got.items():
+            pts.setdefault(kind, []).extend((base * 1.0, wide * 1.0, t * share) for base, wide, t in p)
     fits = {kind: fit(p) for kind, p in pts.items()}
-    coef = {kind: (f[0] * share, f[1] * share) for kind, f in fits.items() if f is not None}
+    coef = {kind: f for kind, f in fits.items() if f is not None}
+
     kinds = {t.value for t in TENSOR_TASKS}
-    lat = [r["t1"] - r["t0"] - float(r["busy"]) for r in m.rows
+    lat = [r["t1"] - r["t0"] - float(r["busy"]) for m in runs for r in m.rows
            if r["kind"] in kinds and r.get("busy") is not None and r["epoch"] >= skip_epochs]
     latency = max(float(np.percentile(lat, 5)) / 2, 0.0) if lat else 0.0002
-    costs = Costs(coef, latency, str(run_dir), {k: len(v) for k, v in pts.items()}, background, cores)
-    costs.local_latency_s = fit_wakeup(costs, m)
-    return costs, m
+    source = ",".join(map(str, dirs))
+    costs = Costs(coef, latency, source, {k: len(v) for k, v in pts.items()}, float(np.mean(bgs)), cores)
+    costs.local_latency_s = fit_wakeup(costs, runs)
+    return costs, runs[0]
 
 
 def local_layout(cfg, costs: Costs, *, background: float | None = None, cores: float | None = None) -> Layout:
-    """The simulated layout of a local engine run of `cfg` on this machine."""
+    """The simulated layout of a local engine run of `cfg` on this machine.
+
+    Every role of a local run is a thread of one Python process, and for tasks of this size the Python around
+    the kernels (dispatch, conversions, messages) holds the GIL most of the time: the process runs as on one
+    core (`PROCESS_CORES`), whatever the machine has. The machine's other load (`background` runnable threads
+    on `cores`) leaves one thread min(1, cores / (background + 1)) of a core; on the process's one core that is
+    a background of (background + 1) / cores - 1 (none when the machine has a core to spare)."""
     backend = "inline" if cfg.mode == "cpu-only" else "pool"
     tw = cfg.tensor_workers
     if tw == "aws":
         raise ConfigError("a local layout has no AWS Lambdas: give a pool size")
     workers = autotune_start(cfg) if tw == "auto" else int(tw)
+    bg = costs.background if background is None else background
+    machine = costs.cores if cores is None else cores
     return Layout("local", cfg.partitions, workers, backend=backend, staleness=cfg.staleness,
-                  cores=costs.cores if cores is None else cores,
-                  background=costs.background if background is None else background,
+                  staleness_mode=StalenessMode(cfg.staleness_mode), cores=PROCESS_CORES,
+                  background=max(0.0, (bg + 1.0) / machine - 1.0),
                   task_latency_s=cfg.task_latency_s, net=Network(local_latency_s=costs.local_latency_s),
                   straggler_k=cfg.straggler_k, straggler_min_s=cfg.straggler_min_s)
 
 
-def fit_wakeup(costs: Costs, m: Measured, hi: float = 0.1, rounds: int = 14) -> float:
-    """The per-message hand-off latency that makes the simulated calibration run as slow as the measured one
-    (bisection; the simulated epoch time grows with it). A message wakes a thread (a graph server's poll, a
-    worker's queue, the parameter server); on a loaded machine that thread waits for a core first, so on the
-    schedule's critical path every hand-off costs the scheduler's latency, which the spans do not show."""
-    target = m.epoch_time()
-    epochs = max(int(m.cfg.epochs), 3)
+def fit_wakeup(costs: Costs, runs: list, hi: float = 0.1, rounds: int = 14) -> float:
+    """The per-message hand-off latency that makes the simulated calibration runs as slow as the measured ones
+    (bisection on their mean relative error; the simulated epoch time grows with it). A message wakes a thread
+    (a graph server's poll, a worker's queue, the parameter server); on a loaded machine that thread waits for a
+    core first, so on the schedule's critical path every hand-off costs the scheduler's latency, which the spans
+    do not show."""
+    runs = [runs] if isinstance(runs, Measured) else runs
+    targets = [m.epoch_time() for m in runs]
 
-    def predicted(x: float) -> float:
+    def error(x: float) -> float:
         c = dataclasses.replace(costs, local_latency_s=x)
-        return simulate(local_layout(m.cfg, c), c, m.shape, m.stages, epochs).epoch_time()
+        out = 0.0
+        for m, target in zip(runs, targets):
+            sim = simulate(local_layout(m.cfg, c), c, m.shape, m.stages, max(int(m.cfg.epochs), 3))
+            out += sim.epoch_time() / target - 1.0
+        return out / len(runs)
 
     lo = costs.local_latency_s
-    if predicted(lo) >= target:
+    if error(lo) >= 0:
         return lo
     for _ in range(rounds):
         mid = (lo + hi) / 2
-        if predicted(mid) < target:
+        if error(mid) < 0:
             lo = mid
         else:
             hi = mid

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 
 from pipelines.config import ConfigError
+from schemas.tasks import StalenessMode
 
 MBIT = 1e6 / 8
 GBIT = 1e9 / 8
@@ -79,6 +80,7 @@ class Layout:
     workers: int
     backend: str = "pool"                 # "pool" (local threads), "lambda", or "inline" (cpu-only)
     staleness: int | None = 0
+    staleness_mode: StalenessMode = StalenessMode.PREDICT   # what S >= 1 makes stale (the engine's modes)
     cores: float = 2.0                    # local: the machine's cores
     background: float = 0.0               # local: other runnable threads sharing them (the machine's load)
     task_latency_s: float = 0.0           # local: --task-latency-s

@@ -6,7 +6,7 @@
 The graph is a dataset spec (--dataset), a prepared directory (--prepared; both give the real partition plans)
 or sizes (--vertices/--edges/--features: estimated plans). Candidates are a grid (--graph-servers x --instance x
 --lambdas x --staleness [x --intervals]) or explicit --candidate P=4,instance=c5n.2xlarge,lambdas=80,S=1.
-Task costs come from a measured engine run (--calibration RUN_DIR: its timeline.jsonl). The table marks the
+Task costs come from measured engine runs (--calibration RUN_DIR[,RUN_DIR]: their timeline.jsonl). The table marks the
 best value and the fastest candidate within --budget (USD per epoch); --out writes plan.json and plan.png.
 `dorylus deploy render --config base.toml --plan DIR/plan.json --row best-value` renders a chosen row.
 """
@@ -137,7 +137,7 @@ def cmd_plan(args) -> int:
     check_instances(prices, args.ps_instance)
     if not (128 <= args.lambda_memory_mb <= 10240):
         raise ConfigError(f"--lambda-memory-mb must be in [128, 10240], got {args.lambda_memory_mb}")
-    costs, cal = calibrate(args.calibration)
+    costs, cal = calibrate([d for d in args.calibration.split(",") if d] or [args.calibration])
     if cal.cfg.model != args.model:
         raise ConfigError(f"--calibration {args.calibration} ran {cal.cfg.model}, not {args.model}: calibrate with "
                           f"a run of the same model")
@@ -225,8 +225,10 @@ def register(subparsers) -> None:
     g.add_argument("--ps-instance", default="c5.xlarge")
     g.add_argument("--lambda-memory-mb", type=int, default=3008)
     g = p.add_argument_group("model inputs and output")
-    g.add_argument("--calibration", required=True, metavar="RUN_DIR",
-                   help="a measured engine run (dorylus train --out RUN_DIR ...) whose timeline gives task costs")
+    g.add_argument("--calibration", required=True, metavar="RUN_DIR[,RUN_DIR]",
+                   help="measured engine runs (dorylus train --out RUN_DIR ...) whose timelines give task costs; "
+                        "two runs of different block sizes (e.g. --intervals 2 and 6) also time each task's fixed "
+                        "cost")
     g.add_argument("--local-speed", type=float, default=1.0,
                    help="the calibration machine's core speed relative to a c5 core (default 1.0)")
     g.add_argument("--epochs", type=int, default=4, help="epochs to simulate per candidate (default 4)")

@@ -9,8 +9,10 @@ from __future__ import annotations
 import collections
 
 from ops import models
+from pipelines.engine.param_server import weight_version
 from pipelines.plan import des
 from pipelines.plan.shape import Step, Task, schedule, step_task, widths
+from schemas.tasks import StalenessMode
 from pipelines.plan.world import GS_POLL_BUSY_S, GS_POLL_IDLE_S, Msg, World, model_reads
 
 TENSOR_RESULTS = {Task.AV.value, Task.AE.value, Task.LAST.value, Task.LOSS.value, Task.AV_BWD.value,
@@ -27,6 +29,7 @@ class GraphServerSim:
         self.K = world.shape.intervals
         self.S = 0 if L.staleness is None else L.staleness
         self.sync_barrier = L.staleness is None
+        self.mode = StalenessMode(L.staleness_mode)
         self.stages = world.stages
         self.sched = schedule(self.stages)
         self.tasks = {(k, s): step_task(self.stages, k, s) for k, s in self.sched}
@@ -71,7 +74,11 @@ class GraphServerSim:
         return f"graph server {self.p}: epochs {self.epoch}, steps {self.step}, in flight {len(self.inflight)}"
 
     def version_for(self, e: int) -> int:
-        return max(e - self.S, 0)
+        return weight_version(e, self.S, self.mode)
+
+    def grad_epoch(self, e: int) -> int:
+        """The epoch of the ghost gradients a backward step of epoch e reads (the engine's `_bwd_total`)."""
+        return e if self.mode is StalenessMode.PREDICT else max(e - self.S, 0)
 
     def receive(self, msg: Msg) -> None:
         self.inbox.put(msg)
@@ -157,7 +164,7 @@ class GraphServerSim:
             return None
         if e not in self.bwd_sum[(ps, name)]:
             return "local"
-        e_ghost = max(e - self.S, 0)
+        e_ghost = self.grad_epoch(e)
         wm = self.bwd_wm[(ps, name)]
         if wm and min(wm.values()) < e_ghost:
             return "ghost_grads"
