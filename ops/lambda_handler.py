@@ -9,11 +9,15 @@ responses, are :mod:`schemas.lambda_events`; reading S3/Kafka references and wri
 """
 from __future__ import annotations
 
+import time
+
+_IMPORT_T0 = time.perf_counter()  # the function's init phase is mostly this module's imports (jax, pyarrow)
+
 import collections
 import functools
 import json
 import math
-import time
+import os
 from typing import Any, Mapping
 
 import jax
@@ -264,14 +268,37 @@ def handler(event: Any, context: Any = None) -> dict:
     _invocations += 1
     cold = _invocations == 1
     t0 = time.perf_counter()
+    queued_s = _since_invoke(context)
     try:
-        return _handle(event, context, t0, cold)
+        resp = _handle(event, context, t0, cold)
     except HandlerError as e:
-        return e.response()
+        resp = e.response()
     except MemoryError:
-        return error_response("OutOfMemory", "the task does not fit this function's memory", False)
+        resp = error_response("OutOfMemory", "the task does not fit this function's memory", False)
     except Exception as e:  # a bug: report it rather than let Lambda retry a deterministic failure
-        return error_response("InternalError", f"{type(e).__name__}: {e}", False)
+        resp = error_response("InternalError", f"{type(e).__name__}: {e}", False)
+    stats = resp.setdefault("stats", {})
+    stats["handler_s"] = time.perf_counter() - t0
+    stats["runtime_s"] = queued_s + stats["handler_s"] + stats.get("encode_s", 0.0)
+    if cold:
+        stats["init_s"] = _INIT_S
+    return resp
+
+
+def _since_invoke(context: Any) -> float:
+    """Seconds from the invocation's start (when Lambda starts billing) to the handler's entry: the runtime's
+    delivery and decoding of the event. The deadline the runtime hands the context is that start plus the
+    function's timeout; the timeout is known where the runtime's environment names it (the emulator's
+    AWS_LAMBDA_FUNCTION_TIMEOUT), else this is 0."""
+    timeout = os.environ.get("AWS_LAMBDA_FUNCTION_TIMEOUT")
+    remaining = getattr(context, "get_remaining_time_in_millis", None)
+    if not timeout or remaining is None:
+        return 0.0
+    try:
+        since = float(timeout) * 1000.0 - float(remaining())
+    except (TypeError, ValueError):
+        return 0.0
+    return since / 1000.0 if 0.0 <= since < float(timeout) * 1000.0 else 0.0
 
 
 def _handle(event: Any, context: Any, t0: float, cold: bool) -> dict:
@@ -300,13 +327,16 @@ def _handle(event: Any, context: Any, t0: float, cold: bool) -> dict:
              "bytes_out": len(res_bytes) + (len(g_bytes) if g_bytes else 0), "cold_start": cold,
              "memory_mb": _memory_mb(context)}
     resp = ok_response(task, res_bytes, g_bytes, scalars, stats)
+    t_enc = time.perf_counter()
     size = response_size(resp)
+    # After the handler returns, the runtime serializes this response to JSON once more and posts it, which
+    # Lambda bills too: as long as this serialization took (the response is the same but for a few numbers).
+    resp["stats"]["encode_s"] = time.perf_counter() - t_enc
     if size > ev.inline_limit:
         _need(ev.output_s3 is not None, f"the output ({size} bytes as JSON) exceeds the inline limit of "
                                         f"{ev.inline_limit} bytes and the event names no output.s3 location",
               "OutputTooLarge")
         _outputs_to_s3(resp, ev.output_s3, res_bytes, g_bytes)
-    resp["stats"]["handler_s"] = time.perf_counter() - t0
     return resp
 
 
@@ -342,3 +372,6 @@ def _memory_mb(context: Any) -> int | None:
         return None if v is None else int(v)
     except (TypeError, ValueError):
         return None
+
+
+_INIT_S = time.perf_counter() - _IMPORT_T0

@@ -27,7 +27,12 @@ Response::
 
     {"ok": true, "event_version": 1, "task": {kind, epoch, stage, interval, partition, version, attempt},
      "result": <ref>, "grads": <ref> | null, "scalars": {...}, "stats": {...}}
-    {"ok": false, "event_version": 1, "error": {"type": "...", "message": "...", "retryable": false}}
+    {"ok": false, "event_version": 1, "error": {"type": "...", "message": "...", "retryable": false}, "stats": {...}}
+
+``stats`` (both): ``handler_s`` (the handler's own time), ``encode_s`` (its JSON encoding of the response, which
+the runtime repeats after it returns), ``runtime_s`` (the invocation as Lambda bills it: from its start, when the
+runtime's deadline tells it, to the handler's end, plus ``encode_s``) and, on a cold start, ``init_s`` (the
+handler module's import); :func:`billed_ms` turns them into the billed duration where no REPORT line is at hand.
 
 ``result`` is a tensor_batch with the arrays for the graph server (``h``/``alpha``, ``dh``, ``d_<input>``);
 ``grads`` a gradients message (parameter gradients, keys ``stage/param``) when the task has any. Both come
@@ -41,6 +46,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import math
 from typing import Any, Callable, Mapping, NamedTuple
 
 import numpy as np
@@ -219,6 +225,20 @@ def ok_response(task: Mapping, result: bytes, grads: bytes | None, scalars: Mapp
     """The response of a successful task, its outputs inline (see :func:`response_size`)."""
     return {"ok": True, "event_version": EVENT_VERSION, "task": dict(task), "result": inline(result),
             "grads": None if grads is None else inline(grads), "scalars": dict(scalars), "stats": dict(stats)}
+
+
+def billed_ms(resp: Any) -> int | None:
+    """Milliseconds Lambda bills for an invocation, from the runtime's own timing in its response: ``stats.
+    runtime_s`` (invocation start to handler end) rounded up to 1 ms, plus ``stats.init_s`` (the init phase of a
+    cold start) rounded up the same way; None when the response carries no timing (a runtime error)."""
+    stats = resp.get("stats") if isinstance(resp, Mapping) else None
+    if not isinstance(stats, Mapping) or not isinstance(stats.get("runtime_s"), (int, float)):
+        return None
+    ms = max(1, math.ceil(float(stats["runtime_s"]) * 1000.0))
+    init = stats.get("init_s")
+    if isinstance(init, (int, float)) and init > 0:
+        ms += math.ceil(float(init) * 1000.0)
+    return ms
 
 
 def response_size(resp: Mapping) -> int:

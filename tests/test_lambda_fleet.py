@@ -88,6 +88,17 @@ def test_cora_over_four_emulators_equals_local_pool(fleet_env):
     assert rr["unreported"] <= max(1, st["invocations"] // 50), rr
     assert rr["memory_mb"] == 3008 and rr["lambda_gb_s"] > 0 and rr["cost_model_lambda_gb_s"] > 0
     assert r.summary["cost"]["usage"]["lambda_billed_ms"] == st["billed_ms"]
+    # no log tail from the emulator: the cost model bills what each runtime timed itself
+    assert st["billed_runtime_timed"] == st["invocations"] and st["billed_estimated"] == 0, st
+
+
+def test_billed_ms_from_the_runtime_timing():
+    """Lambda's rounding: up to the next millisecond, at least 1; a cold start adds its init phase."""
+    assert lambda_events.billed_ms({"ok": True, "stats": {"runtime_s": 0.0123}}) == 13
+    assert lambda_events.billed_ms({"ok": True, "stats": {"runtime_s": 0.0}}) == 1
+    assert lambda_events.billed_ms({"ok": False, "stats": {"runtime_s": 0.0041, "init_s": 1.2001}}) == 5 + 1201
+    assert lambda_events.billed_ms({"errorType": "Runtime.ExitError"}) is None
+    assert lambda_events.billed_ms(None) is None
 
 
 def test_runtime_process_death_is_retried_and_counted(fleet_env):

@@ -21,13 +21,15 @@ invocation of the function whose handler is `ops.lambda_handler.handler` (events
   duplicate whose original already succeeded is dropped here before it is invoked (no cost).
 
 Billed duration comes from each invocation's log tail (`LogType="Tail"`: the REPORT line's "Billed Duration"),
-memory from the function's configuration; both feed the run's cost (`pipelines.engine.cost`).
+else from the runtime's own timing in the response (`schemas.lambda_events.billed_ms`), memory from the
+function's configuration; both feed the run's cost (`pipelines.engine.cost`).
 
 Endpoints (`--lambda-endpoint URL[,URL...]` or AWS_ENDPOINT_URL_LAMBDA; `infra/local/lambda.sh` starts a local fleet of
 Runtime Interface Emulators): one client per endpoint, one invocation at a time on each (`lambda_fleet.Endpoints`),
 so concurrency is the number of endpoints; a retry goes to another endpoint, an endpoint that does not answer is
 set aside for a while. The emulator has no management API (GetFunction) and no log tail: the backend says so
-once and goes on, bills the exchange (request sent to response read) as the cost model's figure, and reads the runtimes' own REPORT lines from
+once and goes on, bills the duration the runtime timed itself (invocation start to handler end, plus init when
+cold) as the cost model's figure, and reads the runtimes' own REPORT lines from
 their logs beside it (`runtime_reports` in the pool's stats). A runtime error the emulator reports as a bare
 `{"errorType", "errorMessage"}` body (200) or as a 502 (the runtime process died) is a function error, retried.
 """
@@ -410,11 +412,11 @@ class AwsLambdaPool(QueuedPool):
                 continue
             except BotoCoreError as e:
                 raise TaskFailed(type(e).__name__, f"invoke {self.function}: {e}", fatal=True) from None
-            self._account(r, rtt, size, len(body))
             try:
                 resp = json.loads(body)
             except ValueError:
                 resp = None
+            self._account(r, rtt, size, len(body), resp)
             ferr = r.get("FunctionError") or _runtime_error(resp, body)
             if ferr:
                 err = resp if isinstance(resp, dict) else {}
@@ -477,7 +479,10 @@ class AwsLambdaPool(QueuedPool):
             self.counters["function_errors"] += 1
             self.counters[f"function_error:{etype}"] += 1
 
-    def _account(self, r: dict, rtt: float, sent: int, received: int) -> None:
+    def _account(self, r: dict, rtt: float, sent: int, received: int, resp) -> None:
+        """Count an invocation and bill it: the REPORT line of its log tail (AWS), else the duration the runtime
+        timed itself (`stats.runtime_s`, from the invocation's start to the handler's end, rounded up to 1 ms as
+        Lambda rounds, plus the init phase when it was cold), else the exchange (an upper bound)."""
         billed, mem = None, None
         log = r.get("LogResult")
         if log:
@@ -489,13 +494,16 @@ class AwsLambdaPool(QueuedPool):
                 mem = int(mm.group(1)) if mm else None
             except (ValueError, TypeError):
                 billed = None
+        how = "billed_reported"
+        if billed is None:
+            billed, how = events.billed_ms(resp), "billed_runtime_timed"
+        if billed is None:  # no REPORT line, no timing from the runtime: the exchange, rounded up to 1 ms
+            billed, how = max(1, int(np.ceil(rtt * 1000))), "billed_estimated"
         with self._lock:
             self.counters["invocations"] += 1
             self.counters["bytes_sent"] += sent
             self.counters["bytes_received"] += received
-            if billed is None:  # no REPORT line: bill the exchange, rounded up to 1 ms (an upper bound)
-                billed = max(1, int(np.ceil(rtt * 1000)))
-                self.counters["billed_estimated"] += 1
+            self.counters[how] += 1
             self.counters["billed_ms"] += billed
             if mem:
                 self.memory_mb = mem
@@ -567,6 +575,7 @@ class AwsLambdaPool(QueuedPool):
         st.update({k: c.get(k, 0) for k in ("invocations", "retries", "throttled", "service_errors",
                                             "connection_errors", "function_errors", "handler_retryable_errors",
                                             "failed_tasks", "duplicates_skipped", "billed_ms", "billed_estimated",
+                                            "billed_reported", "billed_runtime_timed",
                                             "s3_puts", "s3_gets", "s3_bytes_put", "s3_bytes_get", "bytes_sent",
                                             "bytes_received")})
         st["function_error_types"] = {k.split(":", 1)[1]: v for k, v in c.items() if k.startswith("function_error:")}
