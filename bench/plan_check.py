@@ -7,12 +7,12 @@
 On a mid-size synthetic graph (planted partition, --nodes vertices, --degree, --features), each configuration is a
 real engine run on this machine (memory transport, a local tensor-worker pool of `workers` threads with
 `--task-latency-s`, GCN, --intervals per partition); its epoch time is the steady-state gap between weight updates
-in its timeline (the median gap, epoch 0, which compiles, left out). The simulator is calibrated ONCE, from the
-first configuration's timeline (P=1, one worker, no latency, S=0), and then predicts every configuration from its
-partition plan (built before the run) and the machine as the calibration saw it: its cores and its load
-(`background`: other processes' runnable threads, sampled from /proc/loadavg every 50 ms during the calibration
-run, minus this process's own). Each line also reports the background sampled during its own run: the machine is
-shared, and its load moves epoch times more than anything else.
+in its timeline (the median of the gaps pooled over --rounds runs, epoch 0, which compiles, left out). The
+simulator is calibrated back to back with each configuration, in the same process and the same load: before each
+of its runs, runs of the simplest configuration (P=1, one worker, no latency, S=0) at two block sizes
+(--calibration-intervals 2,6: the fixed cost per task and the slopes); the prediction uses those calibration
+timelines and the configuration's partition plan only. The machine is shared: each line reports the load average
+and the other processes' runnable threads (/proc/loadavg every 50 ms, minus this process's own) during its runs.
 
 One JSON line per configuration: measured and predicted seconds per epoch, the error, the load average; then a
 `plan-check-summary` line with the worst case and whether every configuration is within --goal (15%).
