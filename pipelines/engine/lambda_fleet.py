@@ -8,13 +8,15 @@ longest). An endpoint that does not answer (connection refused or cut) is down f
 failure (1 s .. 30 s), then tried again; its task is retried on another one.
 
 Billed duration: the emulator does not return a log tail (`LogType="Tail"`), but prints a REPORT line (Duration,
-Billed Duration, Memory Size) per invocation to its log. Every invocation carries its own request id
+Billed Duration, Memory Size; Init Duration on a cold start, which it leaves out of Billed Duration and AWS
+bills since 2025, so it is added here) per invocation to its log. Every invocation carries its own request id
 (`X-Amzn-RequestId`, which the emulator uses as the invocation id), and `RuntimeReports` sums the REPORT lines of
 exactly those ids from the logs that `lambda.sh` names in its state file (`fleet.json`).
 """
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import threading
@@ -28,7 +30,7 @@ STATE_ENV = "DORYLUS_LAMBDA_STATE"
 DEFAULT_STATE_DIR = Path(__file__).resolve().parents[2] / ".cache" / "lambda-state"
 EMULATOR_FUNCTION = "function"             # the one function name the emulator serves
 REQUEST_ID_HEADER = "X-Amzn-RequestId"
-_REPORT_RE = re.compile(r"REPORT RequestId: (\S+)\t(?:Init Duration: [0-9.]+ ms\t)?Duration: ([0-9.]+) ms\t"
+_REPORT_RE = re.compile(r"REPORT RequestId: (\S+)\t(?:Init Duration: ([0-9.]+) ms\t)?Duration: ([0-9.]+) ms\t"
                         r"Billed Duration: ([0-9.]+) ms\tMemory Size: ([0-9]+) MB")
 
 
@@ -144,7 +146,9 @@ class RuntimeReports:
             for line in lines:
                 m = _REPORT_RE.search(line.decode("utf-8", "replace"))
                 if m and m.group(1) in self._sent:
-                    self._seen[m.group(1)] = (float(m.group(3)), int(m.group(4)))
+                    # AWS bills a cold start's init phase too (since 2025); the emulator reports it apart
+                    init = math.ceil(float(m.group(2))) if m.group(2) else 0
+                    self._seen[m.group(1)] = (float(m.group(4)) + init, int(m.group(5)))
 
     def summary(self, settle_s: float = 0.0) -> dict:
         """invocations sent and reported, billed ms, memory and GB-seconds (billed x memory, per invocation);
