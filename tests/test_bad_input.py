@@ -366,7 +366,7 @@ class _Recorder:
 
 
 def _decoding_transport(run_id: str) -> KafkaTransport:
-    """The Kafka transport's receive path (`_decode_records`, `_dead_letter`) without a broker behind it."""
+    """The Kafka transport's receive path (`decode_records`, dead letters) without a broker behind it."""
     t = KafkaTransport.__new__(KafkaTransport)
     t.run_id = run_id
     t._lock = threading.Lock()
@@ -433,7 +433,7 @@ def test_kafka_values_are_only_what_they_claim():
     """Sanity: every topic's well-formed message passes the same receive path."""
     t = _decoding_transport("run-a")
     recs = [_Record(topic_name("run-a", k), 0, 0, None, codec.encode(m, "run-a")) for k, m in TOPIC_MESSAGES.items()]
-    assert len(t._decode_records(recs, "g")) == len(TOPIC_MESSAGES) and not t._producer.sent
+    assert len(t.decode_records(recs, "g")) == len(TOPIC_MESSAGES) and not t._producer.sent
 
 
 @pytest.mark.parametrize("name", list(KAFKA_CASES))
@@ -443,7 +443,7 @@ def test_kafka_value_is_a_dead_letter(name, capsys):
     kind, value, needle = KAFKA_CASES[name]
     t = _decoding_transport("run-a")
     rec = _Record(topic_name("run-a", kind), 1, 7, b"k", value())
-    assert t._decode_records([rec], "graph-server-1") == []   # nothing reaches the engine
+    assert t.decode_records([rec], "graph-server-1") == []   # nothing reaches the engine
     assert t._dead == {(kind, 1): 1}
     [(topic, sent, headers)] = t._producer.sent
     assert topic == topic_name("run-a", "dead-letter") and sent == (rec.value or b"")
@@ -496,7 +496,7 @@ def test_stream_event_is_a_dead_letter(name, tmp_path):
                          num_classes=3)
     stream = Stream(opts, TrainConfig().resolved())
     stream._producer = _Recorder()
-    stream._take(0, 11, value())
+    stream.take_record(0, 11, value())
     assert stream.pending == [] and stream.counters["dead_letters"] == 1  # nothing reaches the graph
     [(topic, _, headers)] = stream._producer.sent
     assert topic == "ev.dlq" and headers["dorylus.source"] == b"ev/0/11"

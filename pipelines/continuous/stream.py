@@ -251,7 +251,7 @@ class Stream:
                 recs = c.poll(timeout_ms=100, max_records=500)
                 for tp, msgs in recs.items():
                     for m in msgs:
-                        self._take(tp.partition, m.offset, m.value)
+                        self.take_record(tp.partition, m.offset, m.value)
                 if recs and self._kill_after_round is not None:
                     self._maybe_fault_kill()
                 if not recs or time.monotonic() - last_ends > 0.25:
@@ -279,7 +279,8 @@ class Stream:
             if any(v > saved[1].get(p, -1) for p, v in self.positions.items()):
                 os.kill(os.getpid(), signal.SIGKILL)
 
-    def _take(self, p: int, offset: int, value: bytes) -> None:
+    def take_record(self, p: int, offset: int, value: bytes) -> None:
+        """Take one events-topic record (partition, offset, value): decoded, validated and queued, or dead-lettered."""
         source = f"{self.opts.events_topic}/{p}/{offset}"
         try:
             batch = decode_events(value)

@@ -406,8 +406,9 @@ class KafkaTransport(Transport):
         prefix = f"dorylus.{self.run_id}."
         return topic[len(prefix):] if topic.startswith(prefix) else topic
 
-    def _decode_records(self, records, group: str | None) -> list[Message]:
-        """Decode polled records; undecodable ones go to the dead-letter topic."""
+    def decode_records(self, records, group: str | None) -> list[Message]:
+        """Decode polled records (the receive path, public so records can be fed without a broker); undecodable
+        ones go to the dead-letter topic."""
         out = []
         g = group or "-"
         for rec in records:
@@ -590,7 +591,7 @@ class _AssignedConsumer(Consumer):
                 if recs:
                     records.extend(recs)
                     self._returned[tp] = recs[-1].offset + 1
-        return self.transport._decode_records(records, self.group)
+        return self.transport.decode_records(records, self.group)
 
     def commit(self) -> None:
         self._processed.update(self._returned)
@@ -706,7 +707,7 @@ class _SharedGroup:
                     member.taken.append((tp, rec.offset))
                     taken.append(rec)
                 if taken:  # decoded (and counted) in offset order, before another member takes more
-                    return self.transport._decode_records(taken, self.group)
+                    return self.transport.decode_records(taken, self.group)
             if time.monotonic() >= deadline:
                 return []
 
@@ -763,7 +764,7 @@ class _SharedGroup:
 
                     tp = TopicPartition(r.topic, r.partition)
                     self.next_offset[tp] = max(self.next_offset.get(tp, 0), r.offset + 1)
-                self.transport._decode_records(recs, self.group)
+                self.transport.decode_records(recs, self.group)
             self.outstanding.clear()
             self._commit_locked(sync=True)
 
