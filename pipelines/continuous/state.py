@@ -21,7 +21,10 @@ import numpy as np
 import scipy.sparse as sp
 
 from pipelines.data.graph import Graph
-from schemas.events import OP_RANK, SPLITS
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from schemas.events import OP_RANK, SPLITS, op_codes, split_codes
 
 SPLIT_CODES = {s: i for i, s in enumerate(SPLITS)}
 ADD_VERTEX, UPDATE_FEATURES, ADD_EDGE, REMOVE_EDGE, SET_LABEL = (OP_RANK[k] for k in (
@@ -232,6 +235,23 @@ class StreamGraph:
             touched += [s_v[ch], s_d[ch]]
         touched = np.unique(np.concatenate(touched)) if touched else np.zeros(0, np.int64)
         return Applied(outcome, reasons, touched)
+
+    def apply_table(self, t: pa.Table, num_classes: int | None = None) -> tuple[pa.Table, Applied, np.ndarray]:
+        """Apply a table of events (:data:`schemas.events.EVENT_SCHEMA`) in (event time, op rank, id) order;
+        returns the table in that order, what applying did and the op codes."""
+        code = op_codes(t)
+        t = t.append_column("_rank", pa.array(code)).sort_by(
+            [("event_time", "ascending"), ("_rank", "ascending"), ("event_id", "ascending")])
+        code = t.column("_rank").to_numpy()
+        t = t.drop_columns(["_rank"]).combine_chunks()
+        rows = (code == ADD_VERTEX) | (code == UPDATE_FEATURES)
+        feats = None
+        if rows.any():
+            flat = pc.list_flatten(t.column("features").filter(pa.array(rows))).to_numpy()
+            feats = flat.astype(np.float32, copy=False).reshape(int(rows.sum()), -1)
+        res = self.apply(code, t.column("vertex").to_numpy(), pc.fill_null(t.column("dst"), -1).to_numpy(), feats,
+                         pc.fill_null(t.column("label"), -1).to_numpy(), split_codes(t), num_classes)
+        return t, res, code
 
     def _add_slots(self, ids: np.ndarray) -> None:
         m = ids.size

@@ -59,7 +59,7 @@ from pipelines.continuous.persist import OUTCOMES, PersistMixin, read_applied, r
 from pipelines.continuous.state import APPLIED, REJECTED, SET_LABEL, StreamGraph
 from pipelines.continuous.watermark import NO_TIME, WatermarkTracker, next_cut, window_end
 from pipelines.data.features import resolve_feature_norm
-from schemas.events import EVENT_SCHEMA, op_codes, split_codes
+from schemas.events import EVENT_SCHEMA
 
 PREDICT_MODES = ("changed", "all", "none")
 
@@ -284,22 +284,10 @@ class Stream(IngestMixin, PersistMixin):
         if t.num_rows == 0:
             z = np.zeros(0, np.int8)
             return EVENT_SCHEMA.empty_table(), z, np.zeros(0, np.int64), z
-        code = op_codes(t)
-        t = t.append_column("_rank", pa.array(code)).sort_by(
-            [("event_time", "ascending"), ("_rank", "ascending"), ("event_id", "ascending")])
-        code = t.column("_rank").to_numpy()
-        t = t.drop_columns(["_rank"]).combine_chunks()
-        label = pc.fill_null(t.column("label"), -1).to_numpy()
         if self.num_classes is None:
-            lab = label[code == SET_LABEL]
-            self.num_classes = max(2, int(lab.max(initial=-1)) + 1)
-        rows = (code == 0) | (code == 1)
-        feats = None
-        if rows.any():
-            flat = pc.list_flatten(t.column("features").filter(pa.array(rows))).to_numpy()
-            feats = flat.astype(np.float32, copy=False).reshape(int(rows.sum()), -1)
-        res = self.graph.apply(code, t.column("vertex").to_numpy(), pc.fill_null(t.column("dst"), -1).to_numpy(),
-                               feats, label, split_codes(t), self.num_classes)
+            top = pc.max(pc.filter(t.column("label"), pc.equal(t.column("op"), "set_label"))).as_py()
+            self.num_classes = max(2, (top if top is not None else -1) + 1)
+        t, res, code = self.graph.apply_table(t, self.num_classes)
         times = t.column("event_time").cast(pa.int64()).to_numpy()
         outcome = res.outcome
         if not replay:
