@@ -47,6 +47,8 @@ class IngestMixin:
                 parts = c.partitions_for_topic(topic)
                 if parts is None:
                     c.topics()  # refreshes metadata; the topic may not exist yet
+                    parts = c.partitions_for_topic(topic)
+                    self.topic_missing = parts is None
                     time.sleep(0.5)
             if parts is None:
                 return

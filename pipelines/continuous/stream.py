@@ -155,6 +155,7 @@ class Stream(IngestMixin, PersistMixin):
         self.ends: dict[int, int] = {}
         self.ends_time = 0.0  # monotonic time of the last end-offset refresh
         self.partitions: list[int] | None = None
+        self.topic_missing = False  # the consumer looked the topic up and it does not exist (yet)
         self.wm = WatermarkTracker(int(opts.lateness_s * 1000), opts.idle_partition_s)
         self.last_cut: int | None = None
         self.last_record = time.monotonic()
@@ -229,7 +230,9 @@ class Stream(IngestMixin, PersistMixin):
                     quiet_since = max(self.last_record, self.last_round_end)
                     idle = time.monotonic() - quiet_since
                     # caught up: every partition read to an end offset fetched after the stream went quiet
-                    caught_up = parts is None or (self.ends_time > quiet_since and all(
+                    # (or the topic is known not to exist; before the consumer knows either, it is not caught up)
+                    caught_up = (parts is None and self.topic_missing) or (parts is not None and
+                                                                           self.ends_time > quiet_since and all(
                         self.positions.get(p, 0) >= self.ends.get(p, 1 << 62) for p in parts))
                     has_pending = self.pending_rows > 0
                 if cut is not None:

@@ -118,10 +118,12 @@ class RoundTrainer:
               init_opt_state=None) -> TrainResult:
         """`epochs` epochs from the given weights (as `pipelines.train.train` does, on the padded graph)."""
         params, opt_state = self.init_state(graph, seed)
+        # Fresh device buffers (the step donates its inputs); device_put of a host copy compiles nothing, where
+        # jnp.array would compile a copy per parameter shape.
         if init_params is not None:
-            params = jax.tree_util.tree_map(jnp.array, init_params)  # copies: the step donates its inputs
+            params = jax.tree_util.tree_map(lambda a: jax.device_put(np.array(a)), init_params)
         if init_opt_state is not None:
-            opt_state = jax.tree_util.tree_map(jnp.array, init_opt_state)
+            opt_state = jax.tree_util.tree_map(lambda a: jax.device_put(np.array(a)), init_opt_state)
         stopper = EarlyStopping(self.cfg.patience)
         history: list[dict] = []
         best_params = params
