@@ -54,6 +54,7 @@ __all__ = [
     "encode_events",
     "decode_events",
     "validate_rows",
+    "validate_batch",
     "op_codes",
     "split_codes",
     "dead_letter_batch",
@@ -273,18 +274,27 @@ def validate_rows(batch: pa.RecordBatch, feature_dim: int | None = None,
     """A reason per event that breaks the per-op rules, None for a good one (see the module docstring).
 
     ``feature_dim``/``num_classes``: when given, feature rows must have that width and labels lie in
-    [-1, num_classes). The checks run column-wise (Arrow compute and numpy); only the reasons of bad rows are
-    formatted one by one, so a clean batch costs no Python work per event.
-    """
+    [-1, num_classes)."""
+    _, bad = validate_batch(batch, feature_dim, num_classes)
+    return [bad.get(i) for i in range(batch.num_rows)]
+
+
+def validate_batch(batch: pa.RecordBatch, feature_dim: int | None = None,
+                   num_classes: int | None = None) -> tuple[np.ndarray, dict[int, str]]:
+    """As :func:`validate_rows`, as a mask of good events and the reasons of the bad ones (position -> text).
+
+    The checks run column-wise (Arrow compute and numpy); only the reasons of bad rows are formatted one by
+    one, so a clean batch costs no Python work per event."""
     n = batch.num_rows
-    reasons: list[str | None] = [None] * n
+    reasons: dict[int, str] = {}
+    ok = np.ones(n, bool)
     if n == 0:
-        return reasons
+        return ok, reasons
 
     def flag(mask: np.ndarray, reason) -> None:
-        for i in np.flatnonzero(mask):
-            if reasons[i] is None:
-                reasons[i] = reason(i) if callable(reason) else reason
+        for i in np.flatnonzero(mask & ok):
+            reasons[int(i)] = reason(i) if callable(reason) else reason
+        ok[mask] = False
 
     def op_at(i):
         return batch.column("op")[int(i)].as_py()
@@ -336,7 +346,7 @@ def validate_rows(batch: pa.RecordBatch, feature_dim: int | None = None,
         flag(lab & (split < 0),
              lambda i: f"unknown split {batch.column('split')[int(i)].as_py()!r} (train, val, test, none)")
         flag(lab & (label == -1) & (split > 0), "an unlabelled vertex (label -1) cannot be in a split")
-    return reasons
+    return ok, reasons
 
 
 def dead_letter_batch(batch: pa.RecordBatch, reasons: Sequence[str]) -> pa.RecordBatch:

@@ -26,27 +26,33 @@ def _mix(z: np.ndarray) -> np.ndarray:
 
 
 def id_hashes(ids: pa.Array) -> tuple[np.ndarray, np.ndarray]:
-    """Two independent 64-bit hashes of each string (column-wise over the bytes, one numpy step per byte position
-    of the longest id)."""
+    """Two independent 64-bit hashes of each string, column-wise: word j of every id (its bytes 8j..8j+7,
+    read as one unaligned little-endian uint64, the bytes past its end masked off) is mixed into both hashes,
+    one word column at a time; the length seeds them, so masked padding cannot collide."""
     ids = ids.combine_chunks() if isinstance(ids, pa.ChunkedArray) else ids
     n = len(ids)
     if n == 0:
         return np.zeros(0, np.uint64), np.zeros(0, np.uint64)
     if pa.types.is_large_string(ids.type):
         ids = ids.cast(pa.string())
-    offsets = np.frombuffer(ids.buffers()[1], np.int32, n + 1, ids.offset * 4)
-    data = np.frombuffer(ids.buffers()[2], np.uint8) if ids.buffers()[2] is not None else np.zeros(1, np.uint8)
-    start, lengths = offsets[:-1].astype(np.int64), np.diff(offsets).astype(np.int64)
-    h1 = np.full(n, _S1, np.uint64) ^ lengths.astype(np.uint64)
-    h2 = np.full(n, _S2, np.uint64) + lengths.astype(np.uint64)
-    last = max(data.size - 1, 0)
+    offsets = np.frombuffer(ids.buffers()[1], np.int32, n + 1, ids.offset * 4).astype(np.int64)
+    lo, hi = int(offsets[0]), int(offsets[-1])
+    raw = np.frombuffer(ids.buffers()[2], np.uint8)[lo:hi] if hi > lo else np.zeros(0, np.uint8)
+    data = np.zeros(raw.size + 8, np.uint8)
+    data[:raw.size] = raw
+    words = np.ndarray((raw.size + 1,), "<u8", data, 0, (1,))  # the 8 bytes starting at each byte
+    start, lengths = offsets[:-1] - lo, np.diff(offsets)
+    ln = lengths.astype(np.uint64)
+    h1, h2 = _S1 ^ ln, _S2 + ln
     with np.errstate(over="ignore"):
-        for j in range(int(lengths.max(initial=0))):
-            live = j < lengths
-            b = np.where(live, data[np.minimum(start + j, last)], 0).astype(np.uint64)
-            h1 = np.where(live, (h1 ^ b) * _M1, h1)
-            h2 = np.where(live, (h2 + b + np.uint64(1)) * _M2, h2)
-        return _mix(h1), _mix(h2 ^ np.uint64(0x5851F42D4C957F2D))
+        for j in range(-(-int(lengths.max(initial=0)) // 8)):
+            left = np.clip(lengths - 8 * j, 0, 8).astype(np.uint64)
+            keep = np.where(left >= 8, np.uint64(0xFFFFFFFFFFFFFFFF),
+                            (np.uint64(1) << (np.uint64(8) * np.minimum(left, 7))) - np.uint64(1))
+            w = words[np.minimum(start + 8 * j, raw.size)] & keep
+            h1 = _mix((h1 ^ w) * _M1)
+            h2 = _mix((h2 + w + np.uint64(1)) * _M2)
+        return h1, _mix(h2 ^ np.uint64(0x5851F42D4C957F2D))
 
 
 class _Window:
@@ -67,8 +73,8 @@ class _Window:
         return hit
 
     def add(self, h1: np.ndarray, h2: np.ndarray) -> None:
-        o = np.argsort(h1)
-        self.runs.append((h1[o], h2[o]))
+        """Add keys sorted by h1."""
+        self.runs.append((h1, h2))
         while len(self.runs) >= 2 and self.runs[-2][0].size <= 2 * self.runs[-1][0].size:
             (a1, b1), (a2, b2) = self.runs.pop(), self.runs.pop()
             a, b = np.concatenate([a1, a2]), np.concatenate([b1, b2])
@@ -120,28 +126,34 @@ class Dedupe:
         h1, h2 = id_hashes(ids)
         win = times // self.window_ms
         new = ~expired
-        for w in np.unique(win[new]):
-            m = np.flatnonzero(new & (win == w))
-            wd = self.windows.get(int(w))
-            if wd is not None:
-                new[m[wd.contains(h1[m], h2[m])]] = False
-        idx = np.flatnonzero(new)
-        if idx.size:  # repeats inside the batch: the first one is new
-            key = np.stack([h1[idx], h2[idx]], axis=1)
-            _, first = np.unique(key, axis=0, return_index=True)
-            if first.size < idx.size:
-                keep = np.zeros(idx.size, bool)
-                keep[first] = True
-                new[idx[~keep]] = False
-                idx = idx[keep]
-            self._insert(h1[idx], h2[idx], win[idx])
-            self.log.append((h1[idx], h2[idx], win[idx]))
+        # one sort by (window, h1): each window's keys are a sorted run, repeats inside the batch are adjacent
+        o = np.lexsort((h1, win))
+        o = o[new[o]]
+        w_s, a_s, b_s = win[o], h1[o], h2[o]
+        if o.size:
+            rep = np.zeros(o.size, bool)
+            rep[1:] = (a_s[1:] == a_s[:-1]) & (b_s[1:] == b_s[:-1]) & (w_s[1:] == w_s[:-1])
+            bounds = np.flatnonzero(np.diff(w_s)) + 1
+            seen = np.zeros(o.size, bool)
+            for lo, hi in zip(np.r_[0, bounds], np.r_[bounds, o.size]):
+                wd = self.windows.get(int(w_s[lo]))
+                if wd is not None:
+                    seen[lo:hi] = wd.contains(a_s[lo:hi], b_s[lo:hi])
+            new[o[rep | seen]] = False
+            keep = ~(rep | seen)
+            for lo, hi in zip(np.r_[0, bounds], np.r_[bounds, o.size]):
+                k = keep[lo:hi]
+                if k.any():
+                    self.windows.setdefault(int(w_s[lo]), _Window()).add(a_s[lo:hi][k], b_s[lo:hi][k])
+            self.log.append((a_s[keep], b_s[keep], w_s[keep]))
         return new, expired
 
     def _insert(self, h1, h2, win) -> None:
-        for w in np.unique(win):
-            m = win == w
-            self.windows.setdefault(int(w), _Window()).add(h1[m], h2[m])
+        o = np.lexsort((h1, win))
+        h1, h2, win = h1[o], h2[o], win[o]
+        bounds = np.flatnonzero(np.diff(win)) + 1
+        for lo, hi in zip(np.r_[0, bounds], np.r_[bounds, win.size]):
+            self.windows.setdefault(int(win[lo]), _Window()).add(h1[lo:hi], h2[lo:hi])
 
     # ------------------------------------------------------------------------------------------- checkpoint
     def drain_log(self) -> dict[str, np.ndarray]:

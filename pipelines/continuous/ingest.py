@@ -17,7 +17,7 @@ import pyarrow.compute as pc
 
 from pipelines.continuous import kafka_io
 from pipelines.continuous.watermark import NO_TIME
-from schemas.events import SchemaError, dead_letter_batch, decode_events, encode_events, validate_rows
+from schemas.events import SchemaError, dead_letter_batch, decode_events, encode_events, validate_batch
 
 POLL_RECORDS = 500
 
@@ -112,11 +112,10 @@ class IngestMixin:
             fd, nc = self.feature_dim, self.num_classes
         if fd is None:
             fd = first_feature_width(batch)
-        reasons = validate_rows(batch, fd, nc)
-        ok = np.asarray(np.array(reasons, dtype=object) == None, bool)  # noqa: E711 - elementwise
+        ok, reasons = validate_batch(batch, fd, nc)
         if not ok.all():
             bad = np.flatnonzero(~ok)
-            self._dead_rows(batch.take(pa.array(bad)), [reasons[i] for i in bad], source)
+            self._dead_rows(batch.take(pa.array(bad)), [reasons[int(i)] for i in bad], source)
         good = batch if ok.all() else batch.filter(pa.array(ok))
         times = good.column("event_time").cast(pa.int64()).to_numpy()
         with self.lock:

@@ -226,6 +226,8 @@ class Stream(IngestMixin, PersistMixin):
                 with self.lock:
                     parts = self.partitions
                     w = self.wm.watermark(parts) if parts else NO_TIME
+                    if w != NO_TIME:
+                        self.dedupe.advance(w)  # also when no event arrives: the horizon follows the watermark
                     cut = next_cut(w, self.pending_min, self.last_cut, self.interval_ms, self.opts.catch_up)
                     quiet_since = max(self.last_record, self.last_round_end)
                     idle = time.monotonic() - quiet_since
