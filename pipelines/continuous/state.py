@@ -11,7 +11,8 @@ reports the balance, the ghosts (remote neighbours) of each partition and the ed
 
 Applying a batch (events sorted in (event time, op rank, id) order, as the stream applies them) keeps the
 semantics of applying them one by one: a vertex exists for the events after its ``add_vertex``; a second add of a
-vertex, an edge to a vertex that does not exist (yet), a feature row of the wrong width are rejected; an edge's
+vertex, an edge to a vertex that does not exist (yet), a label out of range are rejected (feature widths are
+checked when the stream takes the events); an edge's
 state after each event is decided by that event's op alone (add: present, remove: absent), so the outcome of
 every edge event (applied or no-op) follows from the previous valid event on the same edge.
 """
@@ -210,28 +211,9 @@ class StreamGraph:
         eidx = np.flatnonzero(edge & (outcome == APPLIED))
         touched = [s_v[new_pos], s_v[np.flatnonzero(upd & (outcome == APPLIED))]]
         if eidx.size:
-            keys = _keys(s_v[eidx], s_d[eidx])
-            order = np.argsort(keys, kind="stable")        # by edge, then by position
-            k, is_add = keys[order], code[eidx][order] == ADD_EDGE
-            start = np.ones(k.size, bool)
-            start[1:] = k[1:] != k[:-1]
-            at = np.searchsorted(self.ekeys, k)
-            initial = (at < self.ekeys.size) & (self.ekeys[np.minimum(at, max(self.ekeys.size - 1, 0))] == k) \
-                if self.ekeys.size else np.zeros(k.size, bool)
-            prior = np.where(start, initial, np.roll(is_add, 1))
-            changed = is_add != prior
-            noop = np.zeros(n, bool)
-            noop[eidx[order][~changed]] = True
-            outcome[noop] = NOOP
-            end = np.ones(k.size, bool)
-            end[:-1] = start[1:]
-            final, init_k, kk = is_add[end], initial[end], k[end]
-            gone, born = kk[init_k & ~final], kk[~init_k & final]
-            if gone.size:
-                self.ekeys = np.delete(self.ekeys, np.searchsorted(self.ekeys, gone))
-            if born.size:
-                self.ekeys = np.insert(self.ekeys, np.searchsorted(self.ekeys, born), born)
-            ch = eidx[order][changed]
+            changed = self._apply_edges(eidx, code, s_v, s_d)
+            outcome[eidx[~changed]] = NOOP
+            ch = eidx[changed]
             touched += [s_v[ch], s_d[ch]]
         touched = np.unique(np.concatenate(touched)) if touched else np.zeros(0, np.int64)
         return Applied(outcome, reasons, touched)
@@ -252,6 +234,31 @@ class StreamGraph:
         res = self.apply(code, t.column("vertex").to_numpy(), pc.fill_null(t.column("dst"), -1).to_numpy(), feats,
                          pc.fill_null(t.column("label"), -1).to_numpy(), split_codes(t), num_classes)
         return t, res, code
+
+    def _apply_edges(self, eidx: np.ndarray, code: np.ndarray, s_v: np.ndarray, s_d: np.ndarray) -> np.ndarray:
+        """Apply the valid edge events at positions `eidx` (in order); returns which of them changed the graph.
+        An edge's state after an event is the event's op (add: present, remove: absent), so each event's
+        effect follows from the previous event on the same edge, or from the graph for the first."""
+        keys = _keys(s_v[eidx], s_d[eidx])
+        order = np.argsort(keys, kind="stable")        # by edge, then by position
+        k, is_add = keys[order], code[eidx][order] == ADD_EDGE
+        start = np.ones(k.size, bool)
+        start[1:] = k[1:] != k[:-1]
+        at = np.searchsorted(self.ekeys, k)
+        initial = (at < self.ekeys.size) & (self.ekeys[np.minimum(at, max(self.ekeys.size - 1, 0))] == k) \
+            if self.ekeys.size else np.zeros(k.size, bool)
+        prior = np.where(start, initial, np.roll(is_add, 1))
+        end = np.ones(k.size, bool)
+        end[:-1] = start[1:]
+        final, init_k, kk = is_add[end], initial[end], k[end]
+        gone, born = kk[init_k & ~final], kk[~init_k & final]
+        if gone.size:
+            self.ekeys = np.delete(self.ekeys, np.searchsorted(self.ekeys, gone))
+        if born.size:
+            self.ekeys = np.insert(self.ekeys, np.searchsorted(self.ekeys, born), born)
+        changed = np.empty(k.size, bool)
+        changed[order] = is_add != prior
+        return changed
 
     def _add_slots(self, ids: np.ndarray) -> None:
         m = ids.size
