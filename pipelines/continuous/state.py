@@ -215,7 +215,10 @@ class StreamGraph:
             outcome[eidx[~changed]] = NOOP
             ch = eidx[changed]
             touched += [s_v[ch], s_d[ch]]
-        touched = np.unique(np.concatenate(touched)) if touched else np.zeros(0, np.int64)
+        mark = np.zeros(self.n, bool)  # (a mask, not np.unique: numpy's hash-based unique is slow on big batches)
+        for t_ in touched:
+            mark[t_] = True
+        touched = np.flatnonzero(mark)
         return Applied(outcome, reasons, touched)
 
     def apply_table(self, t: pa.Table, num_classes: int | None = None) -> tuple[pa.Table, Applied, np.ndarray]:

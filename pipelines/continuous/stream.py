@@ -427,7 +427,10 @@ class Stream(IngestMixin, PersistMixin):
         from pipelines.continuous.predictions import khop
         from schemas.tasks import StageKind
 
-        touched = np.unique(np.concatenate(self._touched)) if self._touched else np.zeros(0, np.int64)
+        mark = np.zeros(self.graph.num_vertices, bool)
+        for t_ in self._touched:
+            mark[t_] = True
+        touched = np.flatnonzero(mark)
         self._touched = []
         if self._publisher is None:
             self._unpredicted = []
