@@ -210,7 +210,9 @@ def bench_lag(bootstrap: str, args, cfg) -> None:
             t.column("event_time").cast("int64").to_pylist(), t.column("vertex").to_pylist(),
             t.column("op").to_pylist())))
     lags, final_round = [], rows[-1]["round"] if rows and rows[-1]["final"] else None
-    lags_nf = []
+    lags_nf, lags_steady = [], []
+    # steady state: events whose version came from a round that compiled nothing (after the last bucket growth)
+    steady = {r["version"] for r in rows if r.get("train_s") is not None and not r["compiles"] and not r["final"]}
     for eid, rnd, outc in zip(applied["event_id"], applied["round"], applied["outcome"]):
         et, v, op = events[eid]
         if outc != "applied" or op == "set_label" or vt.get(rnd) is None:
@@ -222,7 +224,10 @@ def bench_lag(bootstrap: str, args, cfg) -> None:
         lags.append((ts - et) / 1000.0)
         if rnd != final_round:
             lags_nf.append(lags[-1])
+        if vt[rnd] in steady:
+            lags_steady.append(lags[-1])
     train = [r["train_s"] for r in rows if r.get("train_s") is not None and not r["final"]]
+    train_steady = [r["train_s"] for r in rows if r.get("version") in steady and r.get("train_s") is not None]
     for r in rows:
         emit({"phase": "lag", "what": "round", **{k: r.get(k) for k in (
             "round", "final", "events", "nodes", "edges", "train_s", "predict_s", "round_s", "compiles",
@@ -238,6 +243,8 @@ def bench_lag(bootstrap: str, args, cfg) -> None:
           "rounds": res.get("rounds"), "final_test_acc": rows[-1].get("test_acc") if rows else None,
           "event_to_prediction_lag_s": stats(lags), "excluding_final_round": stats(lags_nf),
           "train_s_median": float(np.median(train)) if train else None, "until_idle_s": until_idle,
+          "steady_rounds": len(train_steady), "event_to_prediction_lag_s_steady": stats(lags_steady),
+          "train_s_median_steady": float(np.median(train_steady)) if train_steady else None,
           "counters": res.get("counters"), "load_avg_1m": os.getloadavg()[0]})
 
 
