@@ -1,15 +1,21 @@
 """Bench: continuous training from Kafka (`dorylus stream`), JSON lines.
 
-1. ingest: a synthetic graph (planted partition) is produced to a topic up front as 4 event-time slices; the
-   stream starts, the first round fires as soon as the watermark passes slice 0, and while that round trains
-   the ingest thread keeps reading the backlog. Reported: events/s ingested while a round was training
-   (sampled every 20 ms), and events/s over the whole backlog.
-2. lag: Cora replayed in real time (event time = wall clock, one slice every --lag-slice-s seconds, each slice
-   sent once its span has passed). For every applied event: the wall time of the first model version that
-   contains it minus its event time. Reported per round and over all events (p50/p95/max), also without the
-   final round (which waits --until-idle seconds for the stream to go quiet).
+1. ingest + memory: a synthetic graph (planted partition) is produced to a topic up front as event-time slices
+   (--ingest-nodes x --ingest-degree: 10M events by default), in messages of --batch-size events. Two streams
+   read it:
+   a. *not training*: the first training waits for more labels than the stream has, so every round only applies
+      events: events/s from the topic into the pending buffer and, per round, into the graph.
+   b. *training*: rounds train from round 1 while the ingest thread reads the backlog: events/s sampled (every
+      20 ms) while a round trains; per round the process RSS, the graph state's bytes per vertex and per edge,
+      the dedupe state's ids, XLA compiles and the capacity buckets, and the checkpoint bytes against the events
+      of the round.
+2. lag: Cora replayed in real time (event time = wall clock, one slice every --lag-slice-s seconds). For every
+   applied event that changes a model input (not a label): the broker timestamp of the first message on the
+   predictions topic that holds its vertex at the version containing the event (or later), minus its event
+   time; beside it, each round's training time.
 
-Uses $DORYLUS_KAFKA_BOOTSTRAP or --bootstrap, else starts a private broker with infra/local/kafka.sh.
+Uses $DORYLUS_KAFKA_BOOTSTRAP or --bootstrap, else starts a private broker with infra/local/kafka.sh. Every line
+carries the 1-minute load average (the machine is shared).
 """
 from __future__ import annotations
 
@@ -31,7 +37,7 @@ sys.path.insert(0, str(REPO))
 
 
 def emit(obj: dict) -> None:
-    print(json.dumps({"bench": "streaming", **obj}), flush=True)
+    print(json.dumps({"bench": "streaming", "load_avg_1m": os.getloadavg()[0], **obj}), flush=True)
 
 
 def start_broker(state: str) -> str:
@@ -45,78 +51,133 @@ def stop_broker(state: str) -> None:
                    capture_output=True, text=True)
 
 
+def _sampled_stream(opts, cfg):
+    """Run a stream, sampling (time, ingested, training) every 20 ms; returns summary, metrics rows, samples."""
+    from pipelines.continuous.stream import Stream
+
+    stream = Stream(opts, cfg)
+    samples = []
+    done = threading.Event()
+
+    def sample():
+        while not done.is_set():
+            with stream.lock:
+                n = stream.counters["ingested"]
+            samples.append((time.perf_counter(), n, stream.training))
+            time.sleep(0.02)
+
+    th = threading.Thread(target=sample, daemon=True)
+    th.start()
+    try:
+        summary = stream.run()
+    finally:
+        done.set()
+        th.join()
+    rows = [json.loads(line) for line in (Path(opts.out) / "metrics.jsonl").read_text().splitlines()]
+    return summary, rows, samples
+
+
+def _rates(samples, total):
+    import numpy as np
+
+    t = np.array([s[0] for s in samples])
+    n = np.array([s[1] for s in samples])
+    tr = np.array([s[2] for s in samples])
+    dt, dn = np.diff(t), np.diff(n)
+    busy = (n[:-1] < total) & (n[:-1] > 0)  # the backlog is being read
+
+    def rate(m):
+        return (float(dn[m].sum() / dt[m].sum()) if m.any() and dt[m].sum() > 0 else None), float(dt[m].sum())
+
+    first = int(np.argmax(n > 0)) if (n > 0).any() else 0
+    full = int(np.argmax(n >= total)) if (n >= total).any() else len(n) - 1
+    eps_train, s_train = rate(busy & tr[1:] & tr[:-1])
+    eps_idle, s_idle = rate(busy & ~tr[1:] & ~tr[:-1])
+    return {"eps_backlog": float((n[full] - n[first]) / max(t[full] - t[first], 1e-9)),
+            "backlog_s": float(t[full] - t[first]), "eps_while_training": eps_train, "training_s_sampled": s_train,
+            "eps_while_not_training": eps_idle, "not_training_s_sampled": s_idle}
+
+
 def bench_ingest(bootstrap: str, args, cfg) -> None:
     import numpy as np
 
     from pipelines.continuous.replay import replay
-    from pipelines.continuous.stream import Stream, StreamOptions
+    from pipelines.continuous.stream import StreamOptions
     from pipelines.data.synthetic import planted_partition
 
     graph = planted_partition(num_nodes=args.ingest_nodes, num_classes=7, avg_degree=args.ingest_degree,
                               feature_dim=args.ingest_features, seed=0)
     topic = f"bench-ingest-{uuid.uuid4().hex[:8]}"
     t0 = time.perf_counter()
-    # Many small slices: round 1 fires after the first, tiny one, and the rounds train while the ingest thread
-    # reads the rest of the backlog.
     sent = replay(graph, bootstrap, topic, slices=args.ingest_slices, slice_s=1.0, start_ms=1_700_000_000_000,
                   topic_partitions=args.topic_partitions, batch_size=args.batch_size)
     produce_s = time.perf_counter() - t0
-    emit({"phase": "ingest", "what": "produced", "events": sent["events"], "messages": sent["messages"],
-          "produce_s": produce_s, "produce_eps": sent["events"] / produce_s, "nodes": graph.num_nodes,
-          "edges": graph.num_edges // 2, "features": graph.feature_dim})
-    with tempfile.TemporaryDirectory() as out:
-        opts = StreamOptions(bootstrap=bootstrap, events_topic=topic, out=out, models_topic=f"{topic}-models",
-                             round_interval_s=1.0, first_round_epochs=args.ingest_epochs,
-                             round_epochs=args.ingest_epochs, until_idle_s=2.0, num_classes=7, catch_up="skip",
-                             min_train_labels=1, min_train_classes=2)  # train from round 1: ingest vs training
-        stream = Stream(opts, cfg)
-        samples = []
-        done = threading.Event()
-
-        def sample():
-            while not done.is_set():
-                with stream.lock:
-                    n = stream.counters["ingested"]
-                samples.append((time.perf_counter(), n, stream.training))
-                time.sleep(0.02)
-
-        th = threading.Thread(target=sample, daemon=True)
-        th.start()
-        t_start = time.perf_counter()
-        summary = stream.run()
-        done.set()
-        th.join()
-        rows = [json.loads(line) for line in (Path(out) / "metrics.jsonl").read_text().splitlines()]
     total = sent["events"]
-    t = np.array([s[0] for s in samples])
-    n = np.array([s[1] for s in samples])
-    tr = np.array([s[2] for s in samples])
-    first = int(np.argmax(n > 0)) if (n > 0).any() else 0
-    full = int(np.argmax(n >= total)) if (n >= total).any() else len(n) - 1
-    # while training and the backlog was not drained
-    dt = np.diff(t)
-    dn = np.diff(n)
-    during = tr[1:] & tr[:-1] & (n[:-1] < total)
-    eps_training = float(dn[during].sum() / dt[during].sum()) if during.any() and dt[during].sum() > 0 else None
-    idle = ~tr[1:] & ~tr[:-1] & (n[:-1] < total) & (n[:-1] > 0)
-    eps_not_training = float(dn[idle].sum() / dt[idle].sum()) if idle.any() and dt[idle].sum() > 0 else None
-    emit({"phase": "ingest", "what": "consumed", "events": int(n[-1]), "backlog_s": float(t[full] - t[first]),
-          "eps_backlog": float((n[full] - n[first]) / max(t[full] - t[first], 1e-9)),
-          "eps_while_training": eps_training, "eps_while_not_training": eps_not_training,
-          "not_training_s_sampled": float(dt[idle].sum()) if idle.any() else 0.0, "training_s_sampled": float(dt[during].sum()) if during.any() else 0.0,
-          "events_read_while_training": int(dn[during].sum()) if during.any() else 0,
-          "rounds": summary["rounds"], "first_round_train_s": rows[0].get("train_s"),
-          "first_round_epochs": rows[0].get("epochs"), "engine": rows[0].get("engine"),
-          "train_s_total": float(sum(r.get("train_s") or 0 for r in rows)),
-          "final_nodes": rows[-1]["nodes"],
-          "wall_s": time.perf_counter() - t_start, "applied": summary["counters"]["applied"]})
+    emit({"phase": "ingest", "what": "produced", "events": total, "messages": sent["messages"],
+          "batch_size": args.batch_size, "produce_s": produce_s, "produce_eps": total / produce_s,
+          "nodes": graph.num_nodes, "edges": graph.num_edges // 2, "features": graph.feature_dim})
+    del graph
+    common = dict(bootstrap=bootstrap, events_topic=topic, round_interval_s=1.0, until_idle_s=3.0, num_classes=7,
+                  catch_up="skip", predict="none")
+    with tempfile.TemporaryDirectory() as out:  # a. not training: no round has enough labels before the last
+        opts = StreamOptions(out=out, models_topic=f"{topic}-models-a", first_round_epochs=1,
+                             min_train_labels=10 ** 12, **common)
+        summary, rows, samples = _sampled_stream(opts, cfg)
+    applied = [r for r in rows if not r["final"]]
+    emit({"phase": "ingest", "what": "not training", "events": summary["counters"]["ingested"],
+          **_rates(samples, total), "rounds": len(rows),
+          "apply_eps_median": float(np.median([r["apply_eps"] for r in applied if r["events"]])) if applied else None,
+          "apply_s_total": float(sum(r["apply_s"] for r in rows)), "load_avg_1m": os.getloadavg()[0]})
+    with tempfile.TemporaryDirectory() as out:  # b. training from round 1 while the backlog is read
+        opts = StreamOptions(out=out, models_topic=f"{topic}-models-b", first_round_epochs=args.ingest_epochs,
+                             round_epochs=args.ingest_epochs, min_train_labels=1, min_train_classes=2,
+                             full_checkpoint_every=args.full_every, **common)
+        summary, rows, samples = _sampled_stream(opts, cfg)
+    for r in rows:
+        emit({"phase": "memory", "what": "round", **{k: r.get(k) for k in (
+            "round", "events", "nodes", "edges", "rss_bytes", "graph_bytes", "dedupe_ids", "compiles",
+            "bucket_growths", "capacity_nodes", "capacity_entries", "checkpoint_kind", "checkpoint_bytes",
+            "train_s", "apply_s", "round_s")},
+            "checkpoint_bytes_per_event": r["checkpoint_bytes"] / max(r["events"], 1)})
+    first, last = rows[0], rows[-1]
+
+    def per(r):
+        return {"nodes": r["nodes"], "edges": r["edges"], "rss_bytes": r["rss_bytes"],
+                "rss_per_vertex": r["rss_bytes"] / max(r["nodes"], 1), "rss_per_edge": r["rss_bytes"] / max(r["edges"], 1),
+                "graph_state": _state_split(r, args.ingest_features)}
+
+    deltas = [r for r in rows if r.get("checkpoint_kind") == "delta" and r["events"]]
+    ratio = np.array([r["checkpoint_bytes"] / r["events"] for r in deltas]) if deltas else np.zeros(0)
+    compiles = [r["compiles"] for r in rows]
+    growth = np.diff([0] + [r.get("bucket_growths") or 0 for r in rows])
+    emit({"phase": "ingest", "what": "training", "events": summary["counters"]["ingested"],
+          **_rates(samples, total), "rounds": len(rows), "trained_rounds": sum("train_s" in r for r in rows),
+          "train_s_total": float(sum(r.get("train_s") or 0 for r in rows)), "load_avg_1m": os.getloadavg()[0]})
+    emit({"phase": "memory", "what": "summary", "events": summary["counters"]["ingested"],
+          "nodes": last["nodes"], "edges": last["edges"], "start": per(first), "end": per(last),
+          "rss_start": first["rss_bytes"], "rss_end": last["rss_bytes"], "rss_max": max(r["rss_bytes"] for r in rows),
+          "dedupe_ids_max": max(r["dedupe_ids"] for r in rows), "dedupe_ids_end": last["dedupe_ids"],
+          "dedupe_bytes_max": 16 * max(r["dedupe_ids"] for r in rows),
+          "checkpoint_bytes_per_event_delta": {"min": float(ratio.min()), "median": float(np.median(ratio)),
+                                               "max": float(ratio.max())} if ratio.size else None,
+          "compiles_total": int(sum(compiles)), "bucket_growths": int(growth.sum()),
+          "rounds_compiling_without_growth": int(sum(1 for c, g in zip(compiles, growth) if c and not g)),
+          "load_avg_1m": os.getloadavg()[0]})
+
+
+def _state_split(r, dim: int) -> dict:
+    """The graph state's bytes: per vertex (id, feature row, label, split, id index) and per edge (one key)."""
+    per_vertex = 8 + 4 * dim + 4 + 1 + 16
+    return {"per_vertex": per_vertex, "per_edge": 8,
+            "capacity_slack": r["graph_bytes"] / max(per_vertex * r["nodes"] + 8 * r["edges"], 1)}
 
 
 def bench_lag(bootstrap: str, args, cfg) -> None:
     import numpy as np
 
-    from pipelines.continuous.replay import replay
-    from pipelines.continuous.stream import Stream, StreamOptions
+    from pipelines.continuous import kafka_io
+    from pipelines.continuous.replay import dataset_slices, replay
+    from pipelines.continuous.stream import Stream, StreamOptions, read_applied
     from pipelines.data.registry import load_dataset
 
     graph = load_dataset(args.lag_dataset, args.data_dir)
@@ -127,8 +188,6 @@ def bench_lag(bootstrap: str, args, cfg) -> None:
                              round_interval_s=args.lag_slice_s, first_round_epochs=args.lag_first_epochs,
                              round_epochs=args.lag_round_epochs, until_idle_s=until_idle, catch_up="skip",
                              num_classes=graph.num_classes)
-        from pipelines.continuous import kafka_io
-
         kafka_io.ensure_topics(bootstrap, {topic: args.topic_partitions})
         stream = Stream(opts, cfg)
         res = {}
@@ -137,84 +196,82 @@ def bench_lag(bootstrap: str, args, cfg) -> None:
         sent = replay(graph, bootstrap, topic, slices=args.lag_slices, slice_s=args.lag_slice_s,
                       pace_s=args.lag_slice_s, topic_partitions=args.topic_partitions)
         th.join()
-        if not (Path(out) / "metrics.jsonl").exists():
-            emit({"phase": "lag", "what": "error", "summary": res, "sent": sent,
-                  "status": json.loads((Path(out) / "status.json").read_text())})
-            return
         rows = [json.loads(line) for line in (Path(out) / "metrics.jsonl").read_text().splitlines()]
-        from pipelines.continuous.stream import read_applied
-
         applied = read_applied(out).to_pydict()
-        reasons = _dead_letter_reasons(bootstrap, f"{topic}.dlq") if res.get("counters", {}).get("dead_letters") \
-            else {}
+    published = _published(bootstrap, stream.predictions_topic)
+    vt, nxt = {}, None  # the version containing the events of each round: the first trained at or after it
+    for r in reversed(rows):
+        nxt = r["version"] if r.get("train_s") is not None else nxt
+        vt[r["round"]] = nxt
+    events = {}
+    for s in dataset_slices(graph, args.lag_slices, sent["start_ms"], sent["slice_ms"]):
+        t = s.events
+        events.update(zip(t.column("event_id").to_pylist(), zip(
+            t.column("event_time").cast("int64").to_pylist(), t.column("vertex").to_pylist(),
+            t.column("op").to_pylist())))
+    lags, final_round = [], rows[-1]["round"] if rows and rows[-1]["final"] else None
+    lags_nf, lags_steady = [], []
+    # steady state: events whose version came from a round that compiled nothing (after the last bucket growth)
+    steady = {r["version"] for r in rows if r.get("train_s") is not None and not r["compiles"] and not r["final"]}
+    for eid, rnd, outc in zip(applied["event_id"], applied["round"], applied["outcome"]):
+        et, v, op = events[eid]
+        if outc != "applied" or op == "set_label" or vt.get(rnd) is None:
+            continue
+        hits = published.get(v, [])
+        ts = next((t for ver, t in hits if ver >= vt[rnd]), None)
+        if ts is None:
+            continue
+        lags.append((ts - et) / 1000.0)
+        if rnd != final_round:
+            lags_nf.append(lags[-1])
+        if vt[rnd] in steady:
+            lags_steady.append(lags[-1])
+    train = [r["train_s"] for r in rows if r.get("train_s") is not None and not r["final"]]
+    train_steady = [r["train_s"] for r in rows if r.get("version") in steady and r.get("train_s") is not None]
     for r in rows:
         emit({"phase": "lag", "what": "round", **{k: r.get(k) for k in (
-            "round", "final", "events", "nodes", "edges", "train_s", "round_s", "test_acc", "lag_s_min",
-            "lag_s_p50", "lag_s_p95", "lag_s_max", "ingest_eps_during_training")}})
-    # per-event lag from the journals, using the version time of the round that applied it
-    # the first model version containing an event: that of the first round at or after the one applying it
-    # which trained
-    vt, nxt = {}, None
-    for r in reversed(rows):
-        nxt = r.get("version_time_ms") or nxt
-        vt[r["round"]] = nxt
-    slices_times = _event_times(graph, args, sent)
-    lags, lags_nf = [], []
-    final_round = rows[-1]["round"] if rows and rows[-1]["final"] else None
-    for eid, rnd, outc in zip(applied["event_id"], applied["round"], applied["outcome"]):
-        if outc != "applied" or vt.get(rnd) is None:
-            continue
-        lag = (vt[rnd] - slices_times[eid]) / 1000.0
-        lags.append(lag)
-        if rnd != final_round:
-            lags_nf.append(lag)
+            "round", "final", "events", "nodes", "edges", "train_s", "predict_s", "round_s", "compiles",
+            "predicted", "prediction_lag_s_p50", "lag_s_p50", "test_acc")}})
 
     def stats(x):
         x = np.asarray(x)
         return {"n": int(x.size), "p50": float(np.median(x)), "p95": float(np.percentile(x, 95)),
-                "max": float(x.max()), "mean": float(x.mean())} if x.size else {"n": 0}
+                "max": float(x.max())} if x.size else {"n": 0}
 
     emit({"phase": "lag", "what": "summary", "dataset": graph.name, "slices": args.lag_slices,
           "slice_s": args.lag_slice_s, "round_epochs": args.lag_round_epochs, "events": sent["events"],
           "rounds": res.get("rounds"), "final_test_acc": rows[-1].get("test_acc") if rows else None,
-          "lag_s": stats(lags), "lag_s_excluding_final_round": stats(lags_nf), "until_idle_s": until_idle,
-          "counters": res.get("counters"), "dead_letter_reasons": reasons})
+          "event_to_prediction_lag_s": stats(lags), "excluding_final_round": stats(lags_nf),
+          "train_s_median": float(np.median(train)) if train else None, "until_idle_s": until_idle,
+          "steady_rounds": len(train_steady), "event_to_prediction_lag_s_steady": stats(lags_steady),
+          "train_s_median_steady": float(np.median(train_steady)) if train_steady else None,
+          "counters": res.get("counters"), "load_avg_1m": os.getloadavg()[0]})
 
 
-def _dead_letter_reasons(bootstrap: str, topic: str) -> dict:
-    """Dead letters by reason (first words), read back from the dead-letter topic."""
-    import collections
-
-    import pyarrow as pa
+def _published(bootstrap: str, topic: str) -> dict:
+    """vertex -> [(model_version, broker timestamp ms)] of every prediction on the topic, in version order."""
     from kafka import TopicPartition
 
     from pipelines.continuous import kafka_io
+    from schemas.predictions import decode_predictions
 
+    parts = kafka_io.topic_partitions(bootstrap, topic) or []
     c = kafka_io.consumer(bootstrap)
-    tp = TopicPartition(topic, 0)
-    c.assign([tp])
-    c.seek_to_beginning(tp)
-    out = collections.Counter()
-    for msgs in c.poll(timeout_ms=3000).values():
-        for m in msgs:
-            h = dict(m.headers)
-            if h.get("dorylus.kind") == b"events":
-                for r in pa.ipc.open_stream(m.value).read_all().column("reason").to_pylist():
-                    out[" ".join(r.split(" ")[:2])] += 1
-            else:
-                out[h.get("dorylus.reason", b"?").decode()[:60]] += 1
+    tps = [TopicPartition(topic, p) for p in parts]
+    c.assign(tps)
+    c.seek_to_beginning(*tps)
+    ends = c.end_offsets(tps)
+    out: dict = {}
+    while any(c.position(tp) < ends[tp] for tp in tps):
+        for msgs in c.poll(timeout_ms=500).values():
+            for m in msgs:
+                t = decode_predictions(m.value)
+                ver = t.column("model_version")[0].as_py()
+                for v in t.column("vertex").to_pylist():
+                    out.setdefault(v, []).append((ver, m.timestamp))
     c.close()
-    return dict(out)
-
-
-def _event_times(graph, args, sent) -> dict:
-    from pipelines.continuous.replay import dataset_slices
-
-    out = {}
-    for s in dataset_slices(graph, args.lag_slices, sent["start_ms"], sent["slice_ms"]):
-        ids = s.events.column("event_id").to_pylist()
-        ts = s.events.column("event_time").cast("int64").to_pylist()
-        out.update(zip(ids, ts))
+    for v in out:
+        out[v].sort()
     return out
 
 
@@ -223,19 +280,20 @@ def main(argv=None) -> int:
     p.add_argument("--bootstrap", default=os.environ.get("DORYLUS_KAFKA_BOOTSTRAP"))
     p.add_argument("--data-dir", default=os.environ.get("DORYLUS_DATA_DIR", str(REPO.parent / "shared/datasets")))
     p.add_argument("--topic-partitions", type=int, default=3)
-    p.add_argument("--batch-size", type=int, default=1000, help="events per Kafka message")
+    p.add_argument("--batch-size", type=int, default=10000, help="events per Kafka message")
     p.add_argument("--partitions", type=int, default=1, help="engine partitions (1: whole-graph trainer)")
     p.add_argument("--staleness", default="none")
-    p.add_argument("--ingest-nodes", type=int, default=100000)
+    p.add_argument("--ingest-nodes", type=int, default=1000000)
     p.add_argument("--ingest-slices", type=int, default=20)
-    p.add_argument("--ingest-degree", type=float, default=10.0)
-    p.add_argument("--ingest-features", type=int, default=32)
-    p.add_argument("--ingest-epochs", type=int, default=20, help="epochs per round while the backlog is read")
+    p.add_argument("--ingest-degree", type=float, default=18.0, help="(1 + degree / 2 + labels) events per node")
+    p.add_argument("--ingest-features", type=int, default=8)
+    p.add_argument("--ingest-epochs", type=int, default=2, help="epochs per round while the backlog is read")
+    p.add_argument("--full-every", type=int, default=10, help="a full checkpoint every N")
     p.add_argument("--lag-dataset", default="cora")
-    p.add_argument("--lag-slices", type=int, default=10)
-    p.add_argument("--lag-slice-s", type=float, default=3.0)
+    p.add_argument("--lag-slices", type=int, default=40)
+    p.add_argument("--lag-slice-s", type=float, default=0.25)
     p.add_argument("--lag-first-epochs", type=int, default=50)
-    p.add_argument("--lag-round-epochs", type=int, default=20)
+    p.add_argument("--lag-round-epochs", type=int, default=10)
     p.add_argument("--until-idle", type=float, help="(lag) default: 2 x slice + 1 s")
     p.add_argument("--skip-ingest", action="store_true")
     p.add_argument("--skip-lag", action="store_true")

@@ -2,7 +2,8 @@
 
 Imports only pyarrow, numpy and the standard library, so a Lambda handler or any Kafka consumer can use it
 alone. Messages: :mod:`schemas.messages`; files: :mod:`schemas.files`; the task vocabulary and the
-engine's message record: :mod:`schemas.tasks`.
+engine's message record: :mod:`schemas.tasks`; graph events of a stream: :mod:`schemas.events`; the vertex
+predictions a stream publishes: :mod:`schemas.predictions`.
 """
 
 from .messages import (

@@ -54,6 +54,9 @@ __all__ = [
     "encode_events",
     "decode_events",
     "validate_rows",
+    "validate_batch",
+    "op_codes",
+    "split_codes",
     "dead_letter_batch",
     "events_table",
 ]
@@ -78,6 +81,8 @@ OP_RANK = {EventOp.ADD_VERTEX.value: 0, EventOp.UPDATE_FEATURES.value: 1, EventO
            EventOp.REMOVE_EDGE.value: 3, EventOp.SET_LABEL.value: 4}
 #: split codes: index in this tuple (``none`` = 0)
 SPLITS = ("none", "train", "val", "test")
+_OP_VALUES = pa.array(list(OP_RANK), pa.string())
+_SPLIT_VALUES = pa.array(list(SPLITS), pa.string())
 
 _TS = pa.timestamp("ms", tz="UTC")
 _FIELDS = [
@@ -252,69 +257,96 @@ def decode_events(data: Any) -> pa.RecordBatch:
     return pa.RecordBatch.from_arrays(cols, schema=EVENT_SCHEMA)
 
 
+def op_codes(batch: pa.RecordBatch | pa.Table) -> np.ndarray:
+    """int8 per event: its op's :data:`OP_RANK` (-1 for an unknown op), without a Python loop per event."""
+    idx = pc.index_in(batch.column("op"), value_set=_OP_VALUES)
+    return np.asarray(pc.fill_null(idx, -1)).astype(np.int8)
+
+
+def split_codes(batch: pa.RecordBatch | pa.Table) -> np.ndarray:
+    """int8 per event: the index of its split in :data:`SPLITS` (null = ``none`` = 0; -1 for an unknown one)."""
+    idx = pc.index_in(pc.fill_null(batch.column("split"), "none"), value_set=_SPLIT_VALUES)
+    return np.asarray(pc.fill_null(idx, -1)).astype(np.int8)
+
+
 def validate_rows(batch: pa.RecordBatch, feature_dim: int | None = None,
                   num_classes: int | None = None) -> list[str | None]:
     """A reason per event that breaks the per-op rules, None for a good one (see the module docstring).
 
     ``feature_dim``/``num_classes``: when given, feature rows must have that width and labels lie in
-    [-1, num_classes).
-    """
+    [-1, num_classes)."""
+    _, bad = validate_batch(batch, feature_dim, num_classes)
+    return [bad.get(i) for i in range(batch.num_rows)]
+
+
+def validate_batch(batch: pa.RecordBatch, feature_dim: int | None = None,
+                   num_classes: int | None = None) -> tuple[np.ndarray, dict[int, str]]:
+    """As :func:`validate_rows`, as a mask of good events and the reasons of the bad ones (position -> text).
+
+    The checks run column-wise (Arrow compute and numpy); only the reasons of bad rows are formatted one by
+    one, so a clean batch costs no Python work per event."""
     n = batch.num_rows
-    reasons: list[str | None] = [None] * n
+    reasons: dict[int, str] = {}
+    ok = np.ones(n, bool)
     if n == 0:
-        return reasons
+        return ok, reasons
 
     def flag(mask: np.ndarray, reason) -> None:
-        for i in np.flatnonzero(mask):
-            if reasons[i] is None:
-                reasons[i] = reason(i) if callable(reason) else reason
+        for i in np.flatnonzero(mask & ok):
+            reasons[int(i)] = reason(i) if callable(reason) else reason
+        ok[mask] = False
 
-    ops = batch.column("op").to_numpy(zero_copy_only=False).astype(object)
+    def op_at(i):
+        return batch.column("op")[int(i)].as_py()
+
+    code = op_codes(batch)
     ids = batch.column("event_id")
-    flag(np.asarray(pc.fill_null(pc.equal(pc.utf8_length(ids), 0), True)), "empty event_id")
-    known = np.isin(ops, list(OP_RANK))
-    flag(~known, lambda i: f"unknown op {ops[i]!r}")
-    vertex = batch.column("vertex").to_numpy(zero_copy_only=False)
+    flag(np.asarray(pc.fill_null(pc.equal(pc.binary_length(ids), 0), True)), "empty event_id")
+    flag(code < 0, lambda i: f"unknown op {op_at(i)!r}")
+    vertex = np.asarray(batch.column("vertex"))
     flag(vertex < 0, lambda i: f"negative vertex id {vertex[i]}")
-    edge = np.isin(ops, [EventOp.ADD_EDGE.value, EventOp.REMOVE_EDGE.value])
+    edge = (code == OP_RANK[EventOp.ADD_EDGE.value]) | (code == OP_RANK[EventOp.REMOVE_EDGE.value])
     dst_col = batch.column("dst")
     dst_null = np.asarray(dst_col.is_null())
     dst = np.asarray(pc.fill_null(dst_col, -1))
     flag(edge & dst_null, "edge event without dst")
     flag(edge & ~dst_null & (dst < 0), lambda i: f"negative vertex id {dst[i]}")
     flag(edge & (dst == vertex), lambda i: f"self-loop {vertex[i]}-{dst[i]} (self-loops are not stored)")
-    feat = np.isin(ops, [EventOp.ADD_VERTEX.value, EventOp.UPDATE_FEATURES.value])
+    feat = (code == OP_RANK[EventOp.ADD_VERTEX.value]) | (code == OP_RANK[EventOp.UPDATE_FEATURES.value])
     fcol = batch.column("features")
     fnull = np.asarray(fcol.is_null())
-    flag(feat & fnull, lambda i: f"{ops[i]} without features")
-    lengths = np.asarray(pc.fill_null(pc.list_value_length(fcol), 0))
-    if feature_dim is not None:
-        flag(feat & ~fnull & (lengths != feature_dim),
-             lambda i: f"feature row has {lengths[i]} values, expected {feature_dim}")
-    else:
-        flag(feat & ~fnull & (lengths == 0), "empty feature row")
-    if fcol.null_count < n and np.any(feat & ~fnull):
-        offsets = np.asarray(fcol.offsets)       # absolute positions into fcol.values (slices included)
-        flat = np.asarray(fcol.values)
-        bad = np.flatnonzero(~np.isfinite(flat))
-        if bad.size:
-            rows = np.searchsorted(offsets, bad, side="right") - 1
-            rows = rows[(rows >= 0) & (rows < n)]
-            m = np.zeros(n, bool)
-            m[rows] = True
-            flag(feat & ~fnull & m, "features contain NaN or inf")
-    lab = ops == EventOp.SET_LABEL.value
-    lcol = batch.column("label")
-    lnull = np.asarray(lcol.is_null())
-    label = np.asarray(pc.fill_null(lcol, -1))
-    flag(lab & lnull, "set_label without label")
-    hi = num_classes if num_classes is not None else np.iinfo(np.int32).max
-    flag(lab & ~lnull & ((label < -1) | (label >= hi)),
-         lambda i: f"label {label[i]} out of range [-1, {num_classes})")
-    split = np.asarray(pc.fill_null(batch.column("split"), "none")).astype(object)
-    flag(lab & ~np.isin(split, list(SPLITS)), lambda i: f"unknown split {split[i]!r} (train, val, test, none)")
-    flag(lab & (label == -1) & (split != "none"), "an unlabelled vertex (label -1) cannot be in a split")
-    return reasons
+    if feat.any():
+        flag(feat & fnull, lambda i: f"{op_at(i)} without features")
+        lengths = np.asarray(pc.fill_null(pc.list_value_length(fcol), 0))
+        if feature_dim is not None:
+            flag(feat & ~fnull & (lengths != feature_dim),
+                 lambda i: f"feature row has {lengths[i]} values, expected {feature_dim}")
+        else:
+            flag(feat & ~fnull & (lengths == 0), "empty feature row")
+        if fcol.null_count < n:
+            offsets = np.asarray(fcol.offsets)       # absolute positions into fcol.values (slices included)
+            flat = np.asarray(fcol.values)
+            bad = np.flatnonzero(~np.isfinite(flat))
+            if bad.size:
+                rows = np.searchsorted(offsets, bad, side="right") - 1
+                rows = rows[(rows >= 0) & (rows < n)]
+                m = np.zeros(n, bool)
+                m[rows] = True
+                flag(feat & ~fnull & m, "features contain NaN or inf")
+    lab = code == OP_RANK[EventOp.SET_LABEL.value]
+    if lab.any():
+        lcol = batch.column("label")
+        lnull = np.asarray(lcol.is_null())
+        label = np.asarray(pc.fill_null(lcol, -1))
+        flag(lab & lnull, "set_label without label")
+        hi = num_classes if num_classes is not None else np.iinfo(np.int32).max
+        flag(lab & ~lnull & ((label < -1) | (label >= hi)),
+             lambda i: f"label {label[i]} out of range [-1, {num_classes})")
+        split = split_codes(batch)
+        flag(lab & (split < 0),
+             lambda i: f"unknown split {batch.column('split')[int(i)].as_py()!r} (train, val, test, none)")
+        flag(lab & (label == -1) & (split > 0), "an unlabelled vertex (label -1) cannot be in a split")
+    return ok, reasons
 
 
 def dead_letter_batch(batch: pa.RecordBatch, reasons: Sequence[str]) -> pa.RecordBatch:

@@ -1,7 +1,9 @@
-"""Exactly once across a crash: `dorylus stream` is killed with SIGKILL mid-stream, after a checkpoint and after it
-has read events the checkpoint does not cover (DORYLUS_FAULT_KILL_AFTER_ROUND makes it kill itself right
-there, so the crash lands in that window every time), then restarted. Every produced event is applied exactly once
-(re-sent duplicates are dropped), the final graph is the dataset, and the accuracy is in the batch band."""
+"""Exactly once across crashes: `dorylus stream` is killed with SIGKILL mid-stream twice, then restarted. First
+after a checkpoint and after it has read events the checkpoint does not cover (DORYLUS_FAULT_KILL_AFTER_ROUND
+makes it kill itself right there, so the crash lands in that window every time); then inside an incremental
+checkpoint, after the delta file of a round is written and before the manifest commits it
+(DORYLUS_FAULT_KILL_IN_CHECKPOINT). Every produced event is applied exactly once (re-sent duplicates are dropped),
+the final graph is the dataset, and the accuracy is in the batch band."""
 import collections
 import json
 import os
@@ -28,11 +30,8 @@ START_MS = 1_700_000_000_000
 
 
 def _ckpt_meta(out: Path) -> dict | None:
-    path = out / ckpt.FILE
-    if not path.exists():
-        return None
-    with np.load(path) as z:
-        return json.loads(z["meta"].tobytes().decode())
+    man = ckpt.read_manifest(out)
+    return None if man is None else man["meta"]
 
 
 def _wait(cond, timeout_s: float, what: str, proc=None, log=None):
@@ -58,7 +57,8 @@ def test_sigkill_mid_stream_then_restart_applies_every_event_once(kafka_bootstra
     log = tmp_path / "stream.log"
     cmd = [sys.executable, "-m", "pipelines.cli", "stream", "--bootstrap", kafka_bootstrap, "--events", topic,
            "--out", str(out), "--models-topic", f"models-{uuid.uuid4().hex[:8]}", "--round-interval", "1",
-           "--until-idle", "3", "--num-classes", "7", "--epochs", "100", "--round-epochs", "50"]
+           "--until-idle", "3", "--num-classes", "7", "--epochs", "100", "--round-epochs", "50",
+           "--full-checkpoint-every", "3"]  # a base at rounds 1, 4, 7, 10; deltas between
     env = {**os.environ, "PYTHONPATH": str(REPO)}
 
     first = replay(cora, kafka_bootstrap, topic, slices=10, slice_s=1.0, start_ms=START_MS, last_slice=4)
@@ -80,6 +80,19 @@ def test_sigkill_mid_stream_then_restart_applies_every_event_once(kafka_bootstra
     assert sum(at_kill["positions"].values()) < total_messages  # the restart must read events again
     assert at_kill["round"] < 10
 
+    # killed again inside the delta checkpoint of round 6 (round 4 wrote a base, 5 a delta): round 6's events are
+    # journalled and in an uncommitted delta file when it dies
+    with open(log, "a") as f:
+        f.write("---- restart, to be killed in a checkpoint ----\n")
+        f.flush()
+        r = subprocess.run(cmd, cwd=REPO, env={**env, "DORYLUS_FAULT_KILL_IN_CHECKPOINT": "6"}, stdout=f,
+                           stderr=subprocess.STDOUT, timeout=600)
+    assert r.returncode == -signal.SIGKILL, log.read_text()
+    man = ckpt.read_manifest(out)
+    assert man["meta"]["round"] == 5 and [c.split(".")[1] for c in man["chain"]] == ["base", "delta"], man
+    orphans = [f.name for f in (out / ckpt.DIR).glob("*.npz") if f.name not in man["chain"]]
+    assert len(orphans) == 1 and orphans[0].endswith(".delta.npz") and (out / "applied/round-000006.arrow").exists()
+
     with open(log, "a") as f:
         f.write("---- restart ----\n")
         f.flush()
@@ -100,7 +113,10 @@ def test_sigkill_mid_stream_then_restart_applies_every_event_once(kafka_bootstra
     assert c["dead_letters"] == 0 and c["noop"] == 0
 
     state = ckpt.load(out)
-    g, ids = StreamGraph.from_arrays(state["graph"], 1).materialize("cora", 7)
+    g = StreamGraph.from_arrays(state["graph"], 1)
+    for t in state["deltas"]:  # the base and the deltas of the rounds since it
+        g.apply_table(t, 7)
+    g, ids = g.materialize("cora", 7)
     assert np.array_equal(ids, np.arange(cora.num_nodes)) and (g.adj != cora.adj).nnz == 0
     assert np.array_equal(g.labels, cora.labels) and np.array_equal(g.features, cora.features)
     assert np.array_equal(g.test_mask, cora.test_mask) and np.array_equal(g.train_mask, cora.train_mask)

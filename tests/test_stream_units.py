@@ -5,6 +5,7 @@ import pyarrow as pa
 import pytest
 
 from pipelines.continuous import checkpoint as ckpt
+from pipelines.continuous.dedupe import Dedupe, id_hashes
 from pipelines.continuous.replay import dataset_slices
 from pipelines.continuous.state import ApplyError, StreamGraph, owner_of
 from pipelines.continuous.watermark import NO_TIME, WatermarkTracker, next_cut, window_end
@@ -82,7 +83,7 @@ def test_optional_columns_may_be_left_out():
 
 
 # ------------------------------------------------------------------------------------------ evolving graph
-def test_partitioned_graph_ghosts_and_updates():
+def test_graph_updates_partitions_and_arrays_roundtrip():
     g = StreamGraph(partitions=3, feature_dim=2)
     for v in range(12):
         g.add_vertex(v, [v, v])
@@ -91,12 +92,9 @@ def test_partitioned_graph_ghosts_and_updates():
         assert g.add_edge(u, v)
     assert not g.add_edge(1, 0)  # already there (undirected)
     g.check_invariants()
-    # a vertex that is a ghost somewhere: its feature update reaches the mirror
+    g.update_features(9, [42, 43])
     u, v = next((u, v) for u, v in pairs if owner_of(u, 3) != owner_of(v, 3))
-    g.update_features(v, [42, 43])
-    assert np.array_equal(g.parts[owner_of(u, 3)].ghost_features[v], [42, 43])
-    g.check_invariants()
-    assert g.remove_edge(u, v) and not g.remove_edge(u, v)
+    assert g.remove_edge(u, v) and not g.remove_edge(u, v) and not g.has_edge(v, u)
     g.check_invariants()
     with pytest.raises(ApplyError, match="unknown vertex 99"):
         g.add_edge(1, 99)
@@ -107,14 +105,75 @@ def test_partitioned_graph_ghosts_and_updates():
     g.set_label(3, 1, "train")
     g.set_label(4, 0, "test")
     graph, ids = g.materialize("t", 2)
-    assert list(ids) == list(range(12))
+    assert list(ids) == list(range(12)) and np.array_equal(graph.features[9], [42, 43])
     assert graph.num_edges == 2 * g.num_edges and (graph.adj != graph.adj.T).nnz == 0
     assert graph.train_mask[3] and graph.test_mask[4] and graph.labels[5] == -1
-    # the state survives arrays -> from_arrays (the checkpoint's graph)
-    h = StreamGraph.from_arrays(g.arrays(), 3)
+    st = g.partition_stats()  # ghosts: the remote ends of cut edges, per partition
+    own = owner_of(np.arange(12), 3)
+    src, dst = g.arrays()["src"], g.arrays()["dst"]
+    cut = own[src] != own[dst]
+    want = [len({int(b) for a, b in zip(np.r_[src[cut], dst[cut]], np.r_[dst[cut], src[cut]]) if own[a] == p})
+            for p in range(3)]
+    assert st["ghosts"] == want and sum(st["owned"]) == 12 and st["edge_cut"] == cut.mean()
+    h = StreamGraph.from_arrays(g.arrays(), 3)  # the checkpoint's base
     h.check_invariants()
     a, b = g.arrays(), h.arrays()
     assert all(np.array_equal(a[k], b[k]) for k in a)
+
+
+def _apply_one_by_one(events):
+    """The reference: the event semantics written as a loop over events, on dicts and sets."""
+    feats, labels, adj, out = {}, {}, {}, []
+    for c, v, d, f, lab in events:
+        ok = "applied"
+        if c == OP_RANK["add_vertex"]:
+            ok = "rejected" if v in feats else ok
+            if v not in feats:
+                feats[v], adj[v] = f, set()
+        elif v not in feats:
+            ok = "rejected"
+        elif c == OP_RANK["update_features"]:
+            feats[v] = f
+        elif c == OP_RANK["set_label"]:
+            labels[v] = lab
+        elif d not in feats:
+            ok = "rejected"
+        elif c == OP_RANK["add_edge"]:
+            ok = "noop" if d in adj[v] else ok
+            adj[v].add(d), adj[d].add(v)
+        else:
+            ok = "applied" if d in adj[v] else "noop"
+            adj[v].discard(d), adj[d].discard(v)
+        out.append(ok)
+    return feats, labels, {(min(u, w), max(u, w)) for u in adj for w in adj[u]}, out
+
+
+def test_batch_apply_equals_events_one_by_one():
+    rng = np.random.default_rng(7)
+    g = StreamGraph(2, 3)
+    ref_events = []
+    for rnd in range(4):  # several batches: state carried across them, as across rounds
+        n = 400
+        code = rng.choice([0, 1, 2, 2, 2, 3, 4], n).astype(np.int8)
+        v = rng.integers(0, 60, n)
+        d = rng.integers(0, 60, n)
+        d[d == v] = (d[d == v] + 1) % 60
+        f = rng.normal(size=(n, 3)).astype(np.float32)
+        lab = rng.integers(0, 4, n).astype(np.int32)
+        rows = (code == 0) | (code == 1)
+        res = g.apply(code, v, np.where((code == 2) | (code == 3), d, -1), f[rows], lab, np.ones(n, np.int8))
+        batch = list(zip(code.tolist(), v.tolist(), d.tolist(), list(f), lab.tolist()))
+        ref_events += batch
+        _, _, _, want = _apply_one_by_one(ref_events)
+        got = [["applied", "noop", "rejected"][o] for o in res.outcome]
+        assert got == want[-n:], rnd
+        g.check_invariants()
+    feats, labels, edges, _ = _apply_one_by_one(ref_events)
+    a = g.arrays()
+    assert {(int(x), int(y)) for x, y in zip(a["src"], a["dst"])} == edges
+    assert a["vertex"].tolist() == sorted(feats)
+    assert all(np.array_equal(a["features"][i], feats[vv]) for i, vv in enumerate(a["vertex"].tolist()))
+    assert {int(vv): int(lb) for vv, lb in zip(a["vertex"], a["label"]) if lb >= 0} == labels
 
 
 def test_replay_slices_rebuild_the_dataset():
@@ -190,24 +249,61 @@ def test_round_cuts():
     assert next_cut(5500, None, 1000, iv) is None
 
 
+# ------------------------------------------------------------------------------------------------ dedupe
+def test_dedupe_drops_repeats_and_stays_bounded():
+    d = Dedupe(window_ms=1000, retention_ms=2000)
+    ids = pa.array([f"e{i}" for i in range(5000)])
+    t = np.arange(5000, dtype=np.int64)  # 5 windows of event time
+    new, exp = d.take(ids, t)
+    assert new.all() and not exp.any() and d.size == 5000
+    new, exp = d.take(pa.array(["e10", "e4999", "x", "x", "e10"]), np.array([10, 4999, 5, 5, 10]))
+    assert new.tolist() == [False, False, True, False, False]  # a repeat inside the batch counts once
+    d.advance(4500)  # horizon 2500: windows [0, 1000) and [1000, 2000) go
+    assert d.size == 5001 - 2000 - 1 and d.horizon == 2500  # (x was in window 0)
+    new, exp = d.take(pa.array(["e0", "e3000", "late"]), np.array([0, 3000, 2600]))
+    assert exp.tolist() == [True, False, False] and new.tolist() == [False, False, True]
+    snap = d.snapshot()
+    e = Dedupe(1000, 2000)
+    e.restore(snap, d.horizon)
+    assert e.size == d.size and not e.take(pa.array(["e3000"]), np.array([3000]))[0].any()
+
+
+def test_id_hashes_separate_near_ids():
+    ids = pa.array(["a", "b", "ab", "ba", "", "a" * 40, "a" * 41] + [f"cora/e/{i}-{i + 1}" for i in range(2000)])
+    h1, h2 = id_hashes(ids)
+    assert np.unique(h1).size == len(ids) and np.unique(h2).size == len(ids)
+    s1, _ = id_hashes(ids.slice(3, 4))  # a slice hashes as its values
+    assert np.array_equal(s1, h1[3:7])
+
+
 # ------------------------------------------------------------------------------------------------ checkpoint
-def test_checkpoint_roundtrip(tmp_path):
+def test_incremental_checkpoint_chain_restores_and_compacts(tmp_path):
     g = StreamGraph(2, 3)
     for v in (5, 9, 11):
         g.add_vertex(v, [v, 0, 1])
-    g.add_edge(5, 11)
-    g.set_label(9, 2, "val")
-    pending = pa.Table.from_batches([_mixed()])
+    keys = {"h1": np.array([1, 2], np.uint64), "h2": np.array([3, 4], np.uint64), "window": np.array([0, 0])}
     params = {"l0": {"w": np.ones((3, 2), np.float32)}}
-    ckpt.save(tmp_path, meta={"round": 4, "positions": {"0": 17}}, params=params,
-              opt_leaves=[np.zeros(2), np.array(3, np.int32)], graph=g.arrays(), pending=pending, seen=["a", "b"])
+    base = ckpt.save(tmp_path, meta={"round": 1}, params=params, opt_leaves=[np.zeros(2)], keys=keys,
+                     pending=EVENT_SCHEMA.empty_table(), graph=g.arrays())
+    pending = pa.Table.from_batches([_mixed()])
+    delta_events = pa.Table.from_batches([events_batch(["x"], 5, "add_edge", [5], dst=[11])])
+    seen = []
+    delta = ckpt.save(tmp_path, meta={"round": 2, "positions": {"0": 17}}, params=params,
+                      opt_leaves=[np.zeros(2), np.array(3, np.int32)], pending=pending, keys=keys,
+                      events=delta_events, before_commit=seen.append)
+    assert base["kind"] == "base" and delta["kind"] == "delta" and seen == [delta]
+    assert delta["bytes"] < base["bytes"] + pending.nbytes + 4096
     s = ckpt.load(tmp_path)
-    assert s["meta"]["round"] == 4 and s["meta"]["positions"] == {"0": 17}
-    assert np.array_equal(s["params"]["l0"]["w"], params["l0"]["w"])
+    assert s["meta"]["round"] == 2 and s["meta"]["positions"] == {"0": 17} and len(s["keys"]) == 2
     assert len(s["opt_leaves"]) == 2 and int(s["opt_leaves"][1]) == 3
     assert s["pending"].column("event_id").equals(pending.column("event_id"))
-    assert s["pending"].schema.equals(EVENT_SCHEMA)
-    assert s["seen"] == ["a", "b"]
+    assert s["deltas"][0].column("event_id").to_pylist() == ["x"]
     h = StreamGraph.from_arrays(s["graph"], 2)
-    assert h.has_edge(11, 5) and h.parts[owner_of(9, 2)].labels[9] == 2
-    assert not list(tmp_path.glob(".*tmp"))  # no temp file left behind
+    assert h.has_vertex(9) and not h.has_edge(5, 11)
+    orphan = tmp_path / ckpt.DIR / "00000009.delta.npz"
+    orphan.write_bytes(b"a crashed checkpoint's file")
+    assert ckpt.load(tmp_path)["chain"] == s["chain"] and not orphan.exists()
+    ckpt.save(tmp_path, meta={"round": 3}, params=params, opt_leaves=None, keys=keys,
+              pending=EVENT_SCHEMA.empty_table(), graph=h.arrays())  # compaction: a new base, the chain goes
+    assert sorted(f.name for f in (tmp_path / ckpt.DIR).glob("*.npz")) == ["00000003.base.npz"]
+    assert not list((tmp_path / ckpt.DIR).glob(".*tmp"))  # no temp file left behind

@@ -63,6 +63,17 @@ def _stream_flags(p) -> None:
                    help="the first training waits for this many train labels (default: the number of classes)")
     g.add_argument("--min-train-classes", type=int,
                    help="... covering this many classes (default: all); the final round trains regardless")
+    g.add_argument("--predictions-topic", help="topic of vertex predictions (default <events>.predictions)")
+    g.add_argument("--predict", choices=["changed", "all", "none"], default="changed",
+                   help="after each version publish the vertices whose k-hop neighbourhood changed (default), "
+                        "all vertices, or none")
+    g.add_argument("--predictions-partitions", type=int, default=3,
+                   help="partitions of the predictions topic it creates (default 3)")
+    g.add_argument("--dedupe-retention", type=float, metavar="SECONDS",
+                   help="event-time seconds behind the watermark that event ids are kept to drop repeats; older "
+                        "events are dead-lettered as expired (default 10 round intervals + allowed lateness)")
+    g.add_argument("--full-checkpoint-every", type=int, default=10,
+                   help="a full checkpoint every N checkpoints, incremental ones between (default 10)")
     g.add_argument("--name", default="stream", help="model name in announcements (default stream)")
     g.add_argument("--fresh", action="store_true", help="delete a checkpoint in --out and start over")
     g.add_argument("--quiet", action="store_true", help="no per-round lines")
@@ -84,8 +95,10 @@ def cmd_stream(args) -> int:
                          round_epochs=args.round_epochs, until_idle_s=args.until_idle,
                          num_classes=args.num_classes, feature_dim=args.feature_dim,
                          min_train_labels=args.min_train_labels, min_train_classes=args.min_train_classes,
-                         name=args.name,
-                         fresh=args.fresh)
+                         predictions_topic=args.predictions_topic, predict=args.predict,
+                         predictions_partitions=args.predictions_partitions,
+                         dedupe_retention_s=args.dedupe_retention, full_checkpoint_every=args.full_checkpoint_every,
+                         name=args.name, fresh=args.fresh)
     stream = Stream(opts, cfg)
     if not args.quiet:
         def on_round(row):
@@ -126,6 +139,31 @@ def cmd_replay(args) -> int:
     return 0
 
 
+def cmd_predictions(args) -> int:
+    from kafka.errors import KafkaError
+
+    from pipelines.continuous.predictions import read_newest
+
+    if args.vertex < 0 or args.timeout <= 0:
+        print(f"dorylus: error: {'vertex must be >= 0' if args.vertex < 0 else 'timeout must be > 0'}",
+              file=sys.stderr)
+        return 2
+    try:
+        row = read_newest(args.bootstrap, args.topic, args.vertex, timeout_s=args.timeout)
+    except LookupError as e:
+        print(f"dorylus: error: {e}", file=sys.stderr)
+        return 2
+    except KafkaError as e:
+        print(f"dorylus: error: kafka at {args.bootstrap}: {e}", file=sys.stderr)
+        return 1
+    if row is None:
+        print(f"dorylus: error: no prediction for vertex {args.vertex} on {args.topic}", file=sys.stderr)
+        return 1
+    row["watermark_ms"] = int(row.pop("watermark").timestamp() * 1000)
+    print(json.dumps(row), flush=True)
+    return 0
+
+
 def register(sub) -> None:
     s = sub.add_parser("stream", help="train continuously on a changing graph from a Kafka topic of events")
     _stream_flags(s)
@@ -148,3 +186,9 @@ def register(sub) -> None:
     r.add_argument("--id-prefix", help="event id prefix (default: the dataset name)")
     r.add_argument("--quiet", action="store_true")
     r.set_defaults(func=cmd_replay)
+    q = sub.add_parser("predictions", help="the newest prediction of a vertex on a stream's predictions topic")
+    q.add_argument("--bootstrap", required=True, help="Kafka bootstrap HOST:PORT")
+    q.add_argument("--topic", required=True, help="the predictions topic (`dorylus stream`: <events>.predictions)")
+    q.add_argument("--vertex", type=int, required=True)
+    q.add_argument("--timeout", type=float, default=10.0, help="seconds to read the vertex's partition")
+    q.set_defaults(func=cmd_predictions)

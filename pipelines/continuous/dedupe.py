@@ -1,0 +1,182 @@
+"""Bounded exactly-once dedupe: the ids of taken events, kept only while a repeat of them can still be taken.
+
+A repeat of an event (a producer retry, a re-sent slice) carries the same event id and event time. Ids are kept
+per event-time window (the round interval), as two 64-bit hashes of the id's bytes (a false duplicate needs both
+to collide: about 2^-128 per pair), in a few sorted runs per window (merged like a binary counter, so taking
+and looking up a batch are sorts and binary searches, never a Python step per event).
+
+The state is bounded by the *horizon*: the watermark minus the retention. Windows that end at or below it are
+dropped; an event whose time is below it can no longer be told from a repeat and is refused as expired (the
+stream dead-letters it, as Flink drops events beyond the allowed lateness). So the state holds the events of the
+last ``retention`` of event time, whatever the length of the stream.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+
+_M1, _M2 = np.uint64(0x100000001B3), np.uint64(0x9E3779B97F4A7C15)
+_S1, _S2 = np.uint64(0xCBF29CE484222325), np.uint64(0x84222325CBF29CE4)
+
+
+def _mix(z: np.ndarray) -> np.ndarray:
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return z ^ (z >> np.uint64(31))
+
+
+def id_hashes(ids: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """Two independent 64-bit hashes of each string, column-wise: word j of every id (its bytes 8j..8j+7,
+    read as one unaligned little-endian uint64, the bytes past its end masked off) is mixed into both hashes,
+    one word column at a time; the length seeds them, so masked padding cannot collide."""
+    ids = ids.combine_chunks() if isinstance(ids, pa.ChunkedArray) else ids
+    n = len(ids)
+    if n == 0:
+        return np.zeros(0, np.uint64), np.zeros(0, np.uint64)
+    if pa.types.is_large_string(ids.type):
+        ids = ids.cast(pa.string())
+    offsets = np.frombuffer(ids.buffers()[1], np.int32, n + 1, ids.offset * 4).astype(np.int64)
+    lo, hi = int(offsets[0]), int(offsets[-1])
+    raw = np.frombuffer(ids.buffers()[2], np.uint8)[lo:hi] if hi > lo else np.zeros(0, np.uint8)
+    data = np.zeros(raw.size + 8, np.uint8)
+    data[:raw.size] = raw
+    words = np.ndarray((raw.size + 1,), "<u8", data, 0, (1,))  # the 8 bytes starting at each byte
+    start, lengths = offsets[:-1] - lo, np.diff(offsets)
+    ln = lengths.astype(np.uint64)
+    h1, h2 = _S1 ^ ln, _S2 + ln
+    with np.errstate(over="ignore"):
+        for j in range(-(-int(lengths.max(initial=0)) // 8)):
+            left = np.clip(lengths - 8 * j, 0, 8).astype(np.uint64)
+            keep = np.where(left >= 8, np.uint64(0xFFFFFFFFFFFFFFFF),
+                            (np.uint64(1) << (np.uint64(8) * np.minimum(left, 7))) - np.uint64(1))
+            w = words[np.minimum(start + 8 * j, raw.size)] & keep
+            h1 = _mix((h1 ^ w) * _M1)
+            h2 = _mix((h2 + w + np.uint64(1)) * _M2)
+        return h1, _mix(h2 ^ np.uint64(0x5851F42D4C957F2D))
+
+
+class _Window:
+    """The keys of one event-time window: sorted runs of (h1, h2), h1 ascending."""
+
+    def __init__(self):
+        self.runs: list[tuple[np.ndarray, np.ndarray]] = []
+
+    @property
+    def size(self) -> int:
+        return sum(r[0].size for r in self.runs)
+
+    def contains(self, h1: np.ndarray, h2: np.ndarray) -> np.ndarray:
+        hit = np.zeros(h1.size, bool)
+        for a, b in self.runs:
+            pos = np.minimum(np.searchsorted(a, h1), a.size - 1)
+            hit |= (a[pos] == h1) & (b[pos] == h2)
+        return hit
+
+    def add(self, h1: np.ndarray, h2: np.ndarray) -> None:
+        """Add keys sorted by h1."""
+        self.runs.append((h1, h2))
+        while len(self.runs) >= 2 and self.runs[-2][0].size <= 2 * self.runs[-1][0].size:
+            (a1, b1), (a2, b2) = self.runs.pop(), self.runs.pop()
+            a, b = np.concatenate([a1, a2]), np.concatenate([b1, b2])
+            o = np.argsort(a, kind="stable")
+            self.runs.append((a[o], b[o]))
+
+    def arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        if not self.runs:
+            return np.zeros(0, np.uint64), np.zeros(0, np.uint64)
+        return np.concatenate([r[0] for r in self.runs]), np.concatenate([r[1] for r in self.runs])
+
+
+class Dedupe:
+    """The taken-id state (see the module docstring). window_ms: width of a window; retention_ms: how far
+    behind the watermark ids are kept."""
+
+    def __init__(self, window_ms: int, retention_ms: int):
+        self.window_ms = max(1, int(window_ms))
+        self.retention_ms = max(0, int(retention_ms))
+        self.windows: dict[int, _Window] = {}
+        self.horizon: int | None = None          # event times below it are expired
+        self.log: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # keys taken since the last checkpoint
+
+    @property
+    def size(self) -> int:
+        """Ids held."""
+        return sum(w.size for w in self.windows.values())
+
+    @property
+    def nbytes(self) -> int:
+        return 16 * self.size
+
+    def advance(self, watermark_ms: int | None) -> None:
+        """Move the horizon to watermark - retention and drop the windows wholly below it."""
+        if watermark_ms is None:
+            return
+        h = int(watermark_ms) - self.retention_ms
+        if self.horizon is not None and h <= self.horizon:
+            return
+        self.horizon = h
+        for w in [w for w in self.windows if (w + 1) * self.window_ms <= h]:
+            del self.windows[w]
+
+    def take(self, ids: pa.Array, times: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Mark a batch taken; returns (new, expired) masks: new events (first time seen, not expired; a repeat
+        within the batch counts once) and events below the horizon."""
+        n = len(ids)
+        expired = np.zeros(n, bool) if self.horizon is None else times < self.horizon
+        h1, h2 = id_hashes(ids)
+        win = times // self.window_ms
+        new = ~expired
+        # one sort by (window, h1): each window's keys are a sorted run, repeats inside the batch are adjacent
+        o = np.lexsort((h1, win))
+        o = o[new[o]]
+        w_s, a_s, b_s = win[o], h1[o], h2[o]
+        if o.size:
+            rep = np.zeros(o.size, bool)
+            rep[1:] = (a_s[1:] == a_s[:-1]) & (b_s[1:] == b_s[:-1]) & (w_s[1:] == w_s[:-1])
+            bounds = np.flatnonzero(np.diff(w_s)) + 1
+            seen = np.zeros(o.size, bool)
+            for lo, hi in zip(np.r_[0, bounds], np.r_[bounds, o.size]):
+                wd = self.windows.get(int(w_s[lo]))
+                if wd is not None:
+                    seen[lo:hi] = wd.contains(a_s[lo:hi], b_s[lo:hi])
+            new[o[rep | seen]] = False
+            keep = ~(rep | seen)
+            for lo, hi in zip(np.r_[0, bounds], np.r_[bounds, o.size]):
+                k = keep[lo:hi]
+                if k.any():
+                    self.windows.setdefault(int(w_s[lo]), _Window()).add(a_s[lo:hi][k], b_s[lo:hi][k])
+            self.log.append((a_s[keep], b_s[keep], w_s[keep]))
+        return new, expired
+
+    def _insert(self, h1, h2, win) -> None:
+        o = np.lexsort((h1, win))
+        h1, h2, win = h1[o], h2[o], win[o]
+        bounds = np.flatnonzero(np.diff(win)) + 1
+        for lo, hi in zip(np.r_[0, bounds], np.r_[bounds, win.size]):
+            self.windows.setdefault(int(win[lo]), _Window()).add(h1[lo:hi], h2[lo:hi])
+
+    # ------------------------------------------------------------------------------------------- checkpoint
+    def drain_log(self) -> dict[str, np.ndarray]:
+        """The keys taken since the last call (what an incremental checkpoint adds), as arrays."""
+        log, self.log = self.log, []
+        if not log:
+            return {"h1": np.zeros(0, np.uint64), "h2": np.zeros(0, np.uint64), "window": np.zeros(0, np.int64)}
+        return {"h1": np.concatenate([x[0] for x in log]), "h2": np.concatenate([x[1] for x in log]),
+                "window": np.concatenate([x[2] for x in log]).astype(np.int64)}
+
+    def snapshot(self) -> dict[str, np.ndarray]:
+        """Every key held (a full checkpoint)."""
+        parts = [(w, *wd.arrays()) for w, wd in self.windows.items()]
+        if not parts:
+            return {"h1": np.zeros(0, np.uint64), "h2": np.zeros(0, np.uint64), "window": np.zeros(0, np.int64)}
+        return {"h1": np.concatenate([p[1] for p in parts]), "h2": np.concatenate([p[2] for p in parts]),
+                "window": np.concatenate([np.full(p[1].size, p[0], np.int64) for p in parts])}
+
+    def restore(self, keys: dict[str, np.ndarray], horizon: int | None) -> None:
+        """Add checkpointed keys (a snapshot or a delta), then drop what the horizon has passed."""
+        h1, h2, win = (np.asarray(keys[k]) for k in ("h1", "h2", "window"))
+        if h1.size:
+            self._insert(h1.astype(np.uint64), h2.astype(np.uint64), win.astype(np.int64))
+        if horizon is not None:
+            self.horizon = None
+            self.advance(horizon + self.retention_ms)

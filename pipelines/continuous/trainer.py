@@ -1,0 +1,150 @@
+"""Warm-started whole-graph rounds on a growing graph with static shapes: one compile per capacity bucket.
+
+The graph of a round is padded to a capacity bucket (vertices and adjacency entries rounded up to the next
+power of ``BUCKET``, with at least one padding vertex): padding vertices have no features, labels or masks and
+the padding entries are zero-valued and sit in a padding row (`ops.sparse.Adjacency.from_scipy`), so every real
+vertex's logits are those of the unpadded graph. The jitted train step, evaluation and forward pass are built
+once per stream and reused, so XLA compiles again only when a bucket is outgrown. Compiles are counted from
+JAX's own compile events (:func:`compile_count`).
+"""
+from __future__ import annotations
+
+import math
+import threading
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ops import models
+from ops.optim import dropout_seeds, make_optimizer
+from ops.sparse import Adjacency
+from pipelines.config import TrainConfig
+from pipelines.data.graph import Graph
+from pipelines.epochs import DeviceGraph, EarlyStopping, Evaluator, TrainResult, model_inputs, summary_head
+
+BUCKET = 1.25
+MIN_CAPACITY = 64
+
+_compiles = 0
+_lock = threading.Lock()
+
+
+def _on_event(event: str, duration: float, **kw) -> None:
+    global _compiles
+    if event == "/jax/core/compile/backend_compile_duration":
+        with _lock:
+            _compiles += 1
+
+
+jax.monitoring.register_event_duration_secs_listener(_on_event)
+
+
+def compile_count() -> int:
+    """XLA compiles in this process so far (every jit of a new function or shape counts one)."""
+    return _compiles
+
+
+def capacity(n: int, minimum: int = MIN_CAPACITY) -> int:
+    """The bucket for `n` items: the smallest minimum x BUCKET^k that is > n (room for one padding item)."""
+    if n < minimum:
+        return minimum
+    k = math.ceil(math.log((n + 1) / minimum, BUCKET))
+    cap = int(math.ceil(minimum * BUCKET ** k))
+    while cap <= n:  # float rounding
+        cap = int(math.ceil(cap * BUCKET))
+    return cap
+
+
+class RoundTrainer:
+    """The model, optimizer and jitted functions of a stream, reused round after round."""
+
+    def __init__(self, cfg: TrainConfig):
+        self.cfg = cfg
+        self.model = None
+        self.tx = None
+        self.step = None
+        self.evaluator = None
+        self.logits = None
+        self.shape: tuple[int, int] | None = None  # (vertex, entry) capacity of the last device graph
+        self.growths = 0
+
+    def _build(self, graph: Graph) -> None:
+        from pipelines.train import build_model, make_train_step
+
+        self.model = build_model(self.cfg, graph)
+        params = self.model.init(jax.random.PRNGKey(self.cfg.seed))
+        self.tx = make_optimizer(self.cfg.lr, self.cfg.weight_decay, self.model.decay_mask(params))
+        self.step = make_train_step(self.model, self.tx)
+        self.evaluator = Evaluator(self.model)
+        model = self.model
+        self.logits = jax.jit(lambda p, adj, x: models.forward(model, p, adj, x, None))
+
+    def device_graph(self, graph: Graph) -> DeviceGraph:
+        """The round's graph padded to its capacity bucket, on the device."""
+        if self.model is None:
+            self._build(graph)
+        x, a = model_inputs(self.cfg, graph)
+        n = graph.num_nodes
+        shape = (capacity(n), capacity(a.nnz))
+        if self.shape is not None:  # buckets never shrink: a smaller graph keeps the compiled shapes
+            shape = (max(shape[0], self.shape[0]), max(shape[1], self.shape[1]))
+        if shape != self.shape:
+            self.growths += 1
+        self.shape = shape
+        nc, ec = shape
+        adj = Adjacency.from_scipy(a, nnz_pad=ec, rows_pad=nc, cols_pad=nc).to_device()
+        xp = np.zeros((nc, x.shape[1]), np.float32)
+        xp[:n] = x
+        labels = np.full(nc, -1, np.int32)
+        labels[:n] = graph.labels
+
+        def pad(m):
+            out = np.zeros(nc, bool)
+            out[:n] = m
+            return jnp.asarray(out)
+
+        masks = tuple(pad(m) for m in (graph.train_mask, graph.val_mask, graph.test_mask))
+        return DeviceGraph(adj, jnp.asarray(xp), jnp.asarray(labels), masks)
+
+    def init_state(self, graph: Graph, seed: int):
+        if self.model is None:
+            self._build(graph)
+        params = self.model.init(jax.random.PRNGKey(seed))
+        return params, self.tx.init(params)
+
+    def train(self, graph: Graph, g: DeviceGraph, epochs: int, seed: int, init_params=None,
+              init_opt_state=None) -> TrainResult:
+        """`epochs` epochs from the given weights (as `pipelines.train.train` does, on the padded graph)."""
+        params, opt_state = self.init_state(graph, seed)
+        # Fresh device buffers (the step donates its inputs); device_put of a host copy compiles nothing, where
+        # jnp.array would compile a copy per parameter shape.
+        if init_params is not None:
+            params = jax.tree_util.tree_map(lambda a: jax.device_put(np.array(a)), init_params)
+        if init_opt_state is not None:
+            opt_state = jax.tree_util.tree_map(lambda a: jax.device_put(np.array(a)), init_opt_state)
+        stopper = EarlyStopping(self.cfg.patience)
+        history: list[dict] = []
+        best_params = params
+        t_start = time.perf_counter()
+        for epoch in range(epochs):
+            seeds = jnp.asarray(dropout_seeds(seed, epoch, len(self.model.stages)))
+            t0 = time.perf_counter()
+            params, opt_state, loss = self.step(params, opt_state, g.adj, g.x, g.labels, g.masks[0], seeds)
+            row = {"epoch": epoch, "loss": float(loss), **self.evaluator.on(g, params),
+                   "epoch_s": time.perf_counter() - t0}
+            history.append(row)
+            if stopper.update(epoch, row):
+                best_params = jax.tree_util.tree_map(np.array, params)
+            if stopper.should_stop:
+                break
+        summary = summary_head(self.cfg, graph, "whole-graph", history, stopper.best_epoch,
+                               time.perf_counter() - t_start)
+        return TrainResult(jax.tree_util.tree_map(np.asarray, params), best_params, history, summary,
+                           jax.tree_util.tree_map(np.asarray, opt_state))
+
+    def predict(self, params, g: DeviceGraph, rows: np.ndarray) -> np.ndarray:
+        """Logits (no dropout) of the given rows of the padded graph."""
+        out = self.logits(params, g.adj, g.x)
+        return np.asarray(out)[rows]

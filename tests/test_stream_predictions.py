@@ -1,0 +1,100 @@
+"""Whole-graph stream rounds against a real broker on a tiny growing graph: XLA compiles only when a capacity bucket
+is outgrown, never per round; each version's published predictions equal `ops.models.forward` on the graph of
+that version, for exactly the vertices within k hops of a change; `dorylus predictions` reads the newest one."""
+import json
+import uuid
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from ops import models
+from ops import params as P
+from pipelines import cli
+from pipelines.config import TrainConfig
+from pipelines.continuous import kafka_io
+from pipelines.continuous.stream import Stream, StreamOptions
+from pipelines.epochs import device_graph
+from pipelines.train import build_model
+from schemas.events import encode_events, events_batch
+from schemas.predictions import decode_predictions
+
+pytestmark = pytest.mark.kafka
+
+
+def _events(rng):
+    """Round 1: a ring of 40 labelled vertices; 2: two chords (within the buckets); 3: 30 more vertices and edges
+    (past both buckets); 4 (the final round): a feature update of vertex 20 alone."""
+    f = rng.normal(size=(70, 4)).astype(np.float32)
+    split = ["train" if i % 4 == 0 else "val" if i % 4 == 1 else "test" for i in range(70)]
+    ring = np.arange(40)
+    out = [events_batch([f"v{i}" for i in ring], 1000, "add_vertex", ring, features=f[:40]),
+           events_batch([f"e{i}" for i in ring], 1100, "add_edge", ring, dst=(ring + 1) % 40),
+           events_batch([f"l{i}" for i in ring], 1200, "set_label", ring, label=ring % 3, split=split[:40]),
+           events_batch(["c1", "c2"], 2100, "add_edge", [0, 10], dst=[5, 15])]
+    new = np.arange(40, 70)
+    out += [events_batch([f"v{i}" for i in new], 3000, "add_vertex", new, features=f[40:]),
+            events_batch([f"e{i}" for i in new], 3100, "add_edge", new, dst=new - 40),
+            events_batch(["u20"], 4100, "update_features", [20], features=rng.normal(size=(1, 4)))]
+    return out
+
+
+def test_rounds_compile_per_bucket_and_predictions_equal_forward(kafka_bootstrap, tmp_path, capsys):
+    topic = f"pred-{uuid.uuid4().hex[:8]}"
+    kafka_io.ensure_topics(kafka_bootstrap, {topic: 1})
+    p = kafka_io.producer(kafka_bootstrap)
+    for b in _events(np.random.default_rng(0)):
+        p.send(topic, value=encode_events(b), partition=0)
+    p.flush()
+    p.close()
+    cfg = TrainConfig(epochs=5).resolved()
+    opts = StreamOptions(bootstrap=kafka_bootstrap, events_topic=topic, out=str(tmp_path), round_interval_s=1.0,
+                         models_topic=f"{topic}-models", first_round_epochs=5, round_epochs=3, until_idle_s=1.5,
+                         num_classes=3, predictions_partitions=2)
+    stream = Stream(opts, cfg)
+    graphs = {}
+    stream.on_round = lambda row: graphs.setdefault(row["version"], stream.graph.materialize("t", 3))
+    s = stream.run()
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert s["status"] == "complete" and [r["version"] for r in rows] == [1, 2, 3, 4]
+    # compiles: round 1 builds the jitted step, evaluation and forward; round 2 fits its buckets (no compile);
+    # round 3 outgrows them (one compile of each, no more); round 4 fits again
+    growths = [r["bucket_growths"] for r in rows]
+    assert growths == [1, 1, 2, 2], rows
+    assert rows[1]["compiles"] == 0 and rows[3]["compiles"] == 0, [r["compiles"] for r in rows]
+    assert 0 < rows[2]["compiles"] <= rows[0]["compiles"]
+    assert rows[2]["capacity_nodes"] > 70 > rows[0]["capacity_nodes"]
+
+    c = kafka_io.consumer(kafka_bootstrap)
+    from kafka import TopicPartition
+
+    tps = [TopicPartition(stream.predictions_topic, q) for q in (0, 1)]
+    c.assign(tps)
+    c.seek_to_beginning(*tps)
+    ends, tables = c.end_offsets(tps), []
+    while any(c.position(tp) < ends[tp] for tp in tps):
+        for msgs in c.poll(timeout_ms=500).values():
+            tables += [decode_predictions(m.value) for m in msgs]
+    c.close()
+    pred = pa.concat_tables(tables)
+    for v in (1, 2, 3, 4):
+        graph, ids = graphs[v]
+        mine = pred.filter(pa.compute.equal(pred.column("model_version"), v))
+        verts = mine.column("vertex").to_numpy()
+        with np.load(tmp_path / f"models/model-{v:06d}.npz") as z:
+            params = P.unflatten({k: z[k] for k in z.files if k != "__meta__"})
+        g = device_graph(stream.cfg, graph)
+        want = np.asarray(models.forward(build_model(stream.cfg, graph), params, g.adj, g.x))
+        got = np.stack(mine.column("logits").to_numpy(zero_copy_only=False))
+        assert np.allclose(got, want[np.searchsorted(ids, verts)], atol=1e-5), v
+        assert (mine.column("prediction").to_numpy() == got.argmax(1)).all()
+        if v == 4:  # only vertex 20's 2-hop neighbourhood: 18..22 on the ring, 60 beside it, 59 and 61 beside 19, 21
+            assert sorted(verts.tolist()) == [18, 19, 20, 21, 22, 59, 60, 61], sorted(verts.tolist())
+        if v == 1:
+            assert sorted(verts.tolist()) == list(range(40))
+    rc = cli.main(["predictions", "--bootstrap", kafka_bootstrap, "--topic", stream.predictions_topic,
+                   "--vertex", "20"])
+    out = capsys.readouterr()
+    assert rc == 0, out.err
+    newest = json.loads(out.out.strip().splitlines()[-1])
+    assert newest["vertex"] == 20 and newest["model_version"] == 4
