@@ -482,12 +482,16 @@ class GraphServer:
         out[: v.shape[0]] = v
         return out
 
+    def _sizes(self) -> dict:
+        """Rows this partition owns and ghosts: what the driver computes the model's wire minimum from."""
+        return {"owned_rows": self.n_own, "ghost_rows": int(self.plan.ghosts.size)}
+
     def _report_epoch(self, e: int) -> None:
         stats = self.epoch_stats.pop(e)
         self.transport.send(Channel.METRICS, 0, Message(Lifecycle.EPOCH, e, -1, -1, self.partition, -1, meta={
             "loss_sum": stats["loss_sum"], "count": stats["count"], "correct": stats["correct"],
             "max_staleness": self.max_staleness, "relaunches": self.relaunches, "duplicates": self.duplicates,
-            "busy_s": dict(self.busy_s), "interval_epochs": list(self.epoch)}))
+            "busy_s": dict(self.busy_s), "interval_epochs": list(self.epoch), **self._sizes()}))
 
     def _try_step(self, i: int) -> bool:
         """Fire interval i's next step if its inputs are ready; True if anything happened."""
@@ -631,7 +635,7 @@ class GraphServer:
             self.transport.send(Channel.METRICS, 0, Message(Lifecycle.DONE, min(self.epoch) - 1, -1, -1,
                                                             self.partition, -1, meta={
                 "busy_s": dict(self.busy_s), "relaunches": self.relaunches, "duplicates": self.duplicates,
-                "max_staleness": self.max_staleness}))
+                "max_staleness": self.max_staleness, **self._sizes()}))
         except BaseException as e:
             self.error = e
             self.transport.send(Channel.METRICS, 0, Message(Lifecycle.FAILED, -1, -1, -1, self.partition, -1,
