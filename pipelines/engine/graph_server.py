@@ -87,6 +87,7 @@ class GraphServer:
                     self.row_consumers[(ps, name)].append(st.index)
         self._static_blocks()
         self._static_cols: dict[int, jax.Array] = {}
+        self._static_ga: dict[tuple[int, int], dict] = {}  # (interval, stage) -> outputs of a GA over features
         self._col_split = [(np.flatnonzero(iv.cols < self.n_own), np.flatnonzero(iv.cols >= self.n_own))
                            for iv in plan.intervals]
         # Stores, keyed by epoch.
@@ -519,8 +520,13 @@ class GraphServer:
             seed = self.seed_for(e, s)
             if kind == Step.FORWARD and st.kind == StageKind.GA:
                 t0 = clock()
-                out = forward_fn(st)({}, inputs, self.blocks_dev[i], jnp.uint32(seed))
-                out = {k: np.asarray(v) for k, v in out.items()}
+                out = self._static_ga.get((i, s))
+                if out is None:
+                    out = forward_fn(st)({}, inputs, self.blocks_dev[i], jnp.uint32(seed))
+                    out = {k: np.asarray(v) for k, v in out.items()}
+                    if all(p == -1 for p in self.producers[s].values()):
+                        # Â·X of the input features is the same every epoch (no dropout in GA): computed once.
+                        self._static_ga[(i, s)] = out
                 t1 = clock()
                 self.busy_s[TaskKind.GA] += t1 - t0
                 self._span(TaskKind.GA, e, i, t0, t1)
