@@ -511,7 +511,7 @@ class GraphServer:
             return self._wait(i, "weights")
         if kind in (Step.FORWARD, Step.LAST, Step.LOSS):
             self._gate = None
-            inputs = self._inputs(i, e, s)
+            inputs = {} if (i, s) in self._static_ga else self._inputs(i, e, s)
             if inputs is None:
                 return self._wait(i, self._gate)
             self._end_wait(i, e, f"{kind}{s}")
@@ -527,6 +527,7 @@ class GraphServer:
                     if all(p == -1 for p in self.producers[s].values()):
                         # Â·X of the input features is the same every epoch (no dropout in GA): computed once.
                         self._static_ga[(i, s)] = out
+                        self._static_cols.pop(i, None)  # its gathered feature columns are not read again
                 t1 = clock()
                 self.busy_s[TaskKind.GA] += t1 - t0
                 self._span(TaskKind.GA, e, i, t0, t1)
