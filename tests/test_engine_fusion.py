@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import jax
 import numpy as np
@@ -106,3 +107,37 @@ def test_latency_pool_overlaps_and_stays_within_staleness(small):
     assert [r["loss"] for r in a.history] == [r["loss"] for r in b.history]
     assert a.summary["max_staleness_observed"] <= 1
     assert a.summary["tensor_concurrency_peak"] >= 3  # intervals' tasks wait out their latency together
+
+
+def test_lambda_handler_runs_fused_unpadded_tasks():
+    from ops import lambda_handler as LH
+    from ops.params import flatten
+    from ops.spec import ModelSpec
+    from schemas import lambda_events as LE
+    from schemas.tasks import Message
+
+    spec = ModelSpec("gcn", 8, 3, (16,), 0.5).to_json()
+    m = models.from_spec(spec)
+    params = jax.tree_util.tree_map(np.asarray, m.init(jax.random.PRNGKey(0)))
+    rng = np.random.default_rng(1)
+    n, R = 5, 7
+    arrays = {"h": rng.standard_normal((n, 8)).astype(np.float32), "row_gids": np.arange(n, dtype=np.int32)}
+    meta = {"model": spec, "seed": 3, "stages": [1, 2], "seeds": [3, 4], "rows": R}
+    for kind, extra, mextra in ((TaskKind.AV, {}, {}),
+                                (TaskKind.AV_BWD, {"g_h": rng.standard_normal((n, 3)).astype(np.float32)},
+                                 {"wrt": []})):
+        msg = Message(kind, 0, 1, 0, 0, 0, arrays={**arrays, **extra}, meta={**meta, **mextra})
+        ref, ref_grads, _ = run_tensor_task(m, kind, 1, params, msg.arrays, msg.meta)
+        task = LE.encode_task(kind, 0, 1, 0, 0, 0, msg.arrays, msg.meta)
+        resp = LH.handler(LE.make_event(LE.inline(task), LE.inline(LE.encode_weights(0, flatten(params))), None,
+                                        kind=kind), None)
+        assert resp["ok"], resp
+        out, grads, _ = LE.decode_result(resp)
+        assert sorted(out) == sorted(ref)
+        for k, v in ref.items():
+            np.testing.assert_allclose(out[k], np.asarray(v), atol=1e-6)
+        assert sorted(grads) == sorted(flatten(ref_grads))
+    bad = LE.encode_task(TaskKind.AV, 0, 1, 0, 0, 0, arrays, {**meta, "stages": [1, 3]})
+    resp = LH.handler(LE.make_event(LE.inline(bad), LE.inline(LE.encode_weights(0, flatten(params))), None,
+                                    kind=TaskKind.AV), None)
+    assert not resp["ok"] and "consecutive AV" in json.dumps(resp)
