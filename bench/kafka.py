@@ -8,7 +8,9 @@
    bag-of-words rows (what the first layer's tensor tasks carry), where lz4 pays.
 2. ``{"bench": "kafka.epoch", ...}``: mean epoch seconds (after the first) of a 2-partition run with one process per role over
    Kafka (``dorylus train --transport kafka --spawn-local``) against the in-memory engine, same config, on the
-   default synthetic graph.
+   default synthetic graph and on a planted graph of ogbn-arxiv's size (169,343 vertices, 128 features, 40
+   classes, GCN hidden 256: ``--epoch-graphs default,arxiv``), with the payload bytes per epoch on each channel
+   and their ratio to the model's minimum (``summary.json`` ``wire``).
 
 Without ``--bootstrap`` a private broker is started with infra/local/kafka.sh (and stopped at the end).
 """
@@ -22,12 +24,13 @@ import sys
 import tempfile
 import time
 import uuid
-from schemas.tasks import Channel
 
 # This file is named like the kafka-python package: keep its own folder off the import path.
 _HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _HERE]
 sys.path.insert(0, os.path.dirname(_HERE))
+
+from schemas.tasks import Channel  # noqa: E402 - after the path fix above
 
 
 def emit(row: dict) -> None:
@@ -135,18 +138,32 @@ def bench_throughput(bootstrap: str, size_mb: float, count: int, repeats: int) -
             emit({k: round(v, 3) if isinstance(v, float) else v for k, v in row.items()})
 
 
-def bench_epoch(bootstrap: str, epochs: int, partitions: int, intervals: int) -> None:
+#: graphs of the epoch rows: (dataset spec or None for the default, GCN hidden width or None for the default)
+EPOCH_GRAPHS = {"default": (None, None),
+                "arxiv": ("synthetic:planted?nodes=169343&classes=40&degree=13.774&features=128", 256)}
+
+
+def bench_epoch(bootstrap: str, epochs: int, partitions: int, intervals: int, graph_name: str = "default",
+                arxiv_epochs: int = 6) -> None:
+    import dataclasses
+
     from pipelines.config import TrainConfig
     from pipelines.data.registry import load_dataset
     from pipelines.engine.runner import train_engine
 
-    graph = load_dataset(None)
-    cfg = TrainConfig(partitions=partitions, intervals=intervals, staleness=0, epochs=epochs, patience=0).resolved()
-    mem = train_engine(cfg, graph)
+    spec, hidden = EPOCH_GRAPHS[graph_name]
+    graph = load_dataset(spec)
+    cfg = TrainConfig(partitions=partitions, intervals=intervals, staleness=0, epochs=epochs, patience=0)
+    if hidden:
+        cfg = dataclasses.replace(cfg, hidden=hidden)
+    epochs = epochs if spec is None else min(epochs, arxiv_epochs)
+    cfg = dataclasses.replace(cfg, epochs=epochs)
+    mem = train_engine(cfg.resolved(), graph)  # both evaluate every epoch, as the Kafka driver does
     with tempfile.TemporaryDirectory() as d:
         argv = [sys.executable, "-m", "pipelines.cli", "train", "--partitions", str(partitions), "--intervals",
                 str(intervals), "--staleness", "0", "--epochs", str(epochs), "--patience", "0", "--transport",
                 "kafka", "--bootstrap", bootstrap, "--spawn-local", "--out", os.path.join(d, "run"), "--quiet"]
+        argv += (["--dataset", spec] if spec else []) + (["--hidden", str(hidden)] if hidden else [])
         t0 = time.perf_counter()
         proc = subprocess.run(argv, capture_output=True, text=True)
         wall = time.perf_counter() - t0
@@ -160,14 +177,20 @@ def bench_epoch(bootstrap: str, epochs: int, partitions: int, intervals: int) ->
         return sum(xs) / len(xs)
 
     m, k = mean_epoch(mem.history), mean_epoch(rows)
-    emit({"bench": "kafka.epoch", "graph": graph.name, "partitions": partitions, "intervals": intervals,
+    wk, wm = kaf.get("wire", {}), mem.summary.get("wire", {})
+    emit({"bench": "kafka.epoch", "graph": graph.name, "nodes": graph.num_nodes, "load_average":
+          [round(x, 2) for x in os.getloadavg()], "partitions": partitions, "intervals": intervals,
           "staleness": 0, "epochs": epochs, "memory_epoch_s": round(m, 4), "kafka_epoch_s": round(k, 4),
           "slowdown": round(k / m, 2), "memory_first_epoch_s": round(mem.history[0]["epoch_s"], 2),
           "kafka_first_epoch_s": round(rows[0]["epoch_s"], 2), "kafka_shutdown_s": round(kaf["shutdown_s"], 2),
           "kafka_wall_s": round(wall, 1), "memory_test_acc": mem.summary["test_acc"],
           "kafka_test_acc": kaf["test_acc"],
           "kafka_wire_mb": round(sum(kaf["transport"]["bytes"].values()) / 1e6, 2),
-          "kafka_payload_mb": round(sum(kaf["transport"]["payload_bytes"].values()) / 1e6, 2)})
+          "kafka_payload_mb": round(sum(kaf["transport"]["payload_bytes"].values()) / 1e6, 2),
+          "kafka_payload_mb_per_epoch": {c: round(v / 1e6, 2) for c, v in wk.get("bytes_per_epoch", {}).items()},
+          "minimum_mb_per_epoch": {c: round(v / 1e6, 2) for c, v in (wk.get("minimum_bytes_per_epoch") or {}).items()},
+          "kafka_bytes_ratio_to_minimum": wk.get("ratio_to_minimum"),
+          "memory_bytes_ratio_to_minimum": wm.get("ratio_to_minimum")})
 
 
 def main(argv=None) -> int:
@@ -181,7 +204,15 @@ def main(argv=None) -> int:
     p.add_argument("--partitions", type=int, default=2)
     p.add_argument("--intervals", type=int, default=4)
     p.add_argument("--skip-epoch", action="store_true")
+    p.add_argument("--skip-throughput", action="store_true")
+    p.add_argument("--arxiv-epochs", type=int, default=6, help="epochs of the arxiv-sized rows (at most --epochs)")
+    p.add_argument("--epoch-graphs", default="default,arxiv",
+                   help=f"comma-separated graphs of the epoch rows: {', '.join(EPOCH_GRAPHS)}")
     args = p.parse_args(argv)
+    graphs = [g.strip() for g in args.epoch_graphs.split(",") if g.strip()]
+    bad = [g for g in graphs if g not in EPOCH_GRAPHS]
+    if bad:
+        p.error(f"unknown --epoch-graphs {bad}; known: {', '.join(EPOCH_GRAPHS)}")
     broker = None
     bootstrap = args.bootstrap
     if not bootstrap:
@@ -190,9 +221,11 @@ def main(argv=None) -> int:
         broker = LocalKafka()
         bootstrap = broker.start()
     try:
-        bench_throughput(bootstrap, args.message_mb, args.messages, args.repeats)
+        if not args.skip_throughput:
+            bench_throughput(bootstrap, args.message_mb, args.messages, args.repeats)
         if not args.skip_epoch:
-            bench_epoch(bootstrap, args.epochs, args.partitions, args.intervals)
+            for g in graphs:
+                bench_epoch(bootstrap, args.epochs, args.partitions, args.intervals, g, args.arxiv_epochs)
     finally:
         if broker is not None:
             broker.close()

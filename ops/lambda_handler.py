@@ -138,14 +138,35 @@ def _check_block(arrays, kind: str, R: int) -> None:
           f"{kind} task: 'row_ids' out of range for {R} rows")
 
 
-def _check_stage(kind: str, s: int, stages) -> Any:
-    """The stage a task of ``kind`` runs on: it must exist and be of the task's kind."""
+def _check_chain(kind: str, model, s: int, meta: Mapping) -> tuple[int, ...]:
+    """The stages a task runs (``meta.stages``: fused consecutive AV stages) and their seeds."""
+    try:
+        chain = tasks.task_stages(model, s, meta)
+    except (TypeError, ValueError) as e:
+        raise HandlerError("InvalidTask", f"{kind} task: {e}") from None
+    if len(chain) > 1:
+        _need(kind in (TaskKind.AV, TaskKind.AV_BWD, TaskKind.LAST),
+              f"{kind} task cannot run fused stages {list(chain)}")
+        seeds = meta.get("seeds")
+        _need(meta.get("seed") is None or (isinstance(seeds, list) and len(seeds) == len(chain) and all(
+            isinstance(x, int) and not isinstance(x, bool) and 0 <= x < 2 ** 32 for x in seeds)),
+            f"{kind} task: meta.seeds must list one uint32 per fused stage ({len(chain)}), got {seeds!r}")
+    rows = meta.get("rows")
+    _need(rows is None or (isinstance(rows, int) and not isinstance(rows, bool) and rows >= 0
+                           and kind in tasks.ROW_LOCAL_KINDS),
+          f"{kind} task: meta.rows must be a row count of a row-local task, got {rows!r}")
+    return chain
+
+
+def _check_stage(kind: str, s: int, stages, last: int | None = None) -> Any:
+    """The stage a task of ``kind`` runs on: it must exist and be of the task's kind; `last` is the final
+    stage of a fused chain starting at s."""
     _need(0 <= s < len(stages), f"{kind} task: stage {s} does not exist (the model has {len(stages)} stages)")
     st = stages[s]
     if kind == TaskKind.LOSS:
         _need(st.kind == StageKind.LOSS, f"LOSS task on stage {s}, which is {st.kind}")
     elif kind == TaskKind.LAST:
-        _need(st.kind == StageKind.AV and s == len(stages) - 2,
+        _need(st.kind == StageKind.AV and (s if last is None else last) == len(stages) - 2,
               f"LAST task on stage {s} ({st.kind}): the fused last layer is the AV right before the loss")
     else:
         _need(st.kind == kind.split("_")[0], f"{kind} task on stage {s}, which is {st.kind}")
@@ -190,9 +211,9 @@ def _check_backward_inputs(a: Mapping, kind: str, st, meta: Mapping) -> None:
         _float(a, f"g_{k}", kind)
 
 
-def _check_weights(kind: str, st, stages, spec_json: str, params: dict) -> None:
+def _check_weights(kind: str, st, stages, spec_json: str, params: dict, chain=None) -> None:
     """Every parameter the task's stages use, with the model's shapes, float32."""
-    names = [st.name] if kind != TaskKind.LOSS else []
+    names = [stages[k].name for k in (chain or (st.index,))] if kind != TaskKind.LOSS else []
     if kind in (TaskKind.LAST, TaskKind.LOSS):
         names.append(stages[-1].name)
     want = _param_shapes(spec_json)
@@ -216,7 +237,10 @@ def check_task(env, params: dict) -> tuple[Any, int, dict, dict]:
     spec_json = json.dumps(spec, sort_keys=True)
     model = _model(spec_json)
     s = env.stage
-    st = _check_stage(kind, s, model.stages)
+    _need(0 <= s < len(model.stages), f"{kind} task: stage {s} does not exist (the model has "
+                                      f"{len(model.stages)} stages)")
+    chain = _check_chain(kind, model, s, meta)
+    st = _check_stage(kind, s, model.stages, chain[-1])
     seed = meta.get("seed")
     _need(seed is None or (isinstance(seed, int) and not isinstance(seed, bool) and 0 <= seed < 2 ** 32),
           f"{kind} task: meta.seed must be null or a uint32, got {seed!r}")
@@ -236,7 +260,7 @@ def check_task(env, params: dict) -> tuple[Any, int, dict, dict]:
     allowed = {"h", "row_gids", "labels", "mask", "s_src", "s_dst", *_BLOCK} | {k for k in a if k.startswith("g_")}
     extra = sorted(set(a) - allowed)
     _need(not extra, f"{kind} task: unexpected arrays {extra}")
-    _check_weights(kind, st, model.stages, spec_json, params)
+    _check_weights(kind, st, model.stages, spec_json, params, chain)
     return model, s, dict(a), meta
 
 
@@ -246,6 +270,20 @@ def _check_out_grads(model, kind: str, s: int, params: dict, arrays: dict, meta:
         return
     st = model.stages[s]
     p = params.get(st.name, {})
+    chain = tasks.task_stages(model, s, meta)
+    if len(chain) > 1:
+        stages = tuple(model.stages[k] for k in chain)
+        p = {model.stages[k].name: params[model.stages[k].name] for k in chain if model.stages[k].has_params}
+        rows = meta.get("rows") or arrays["row_gids"].shape[0]
+        h = jax.ShapeDtypeStruct((rows, *arrays["h"].shape[1:]), np.float32)
+        out = jax.eval_shape(tasks.chain_forward_fn(stages), p, {"h": h},
+                             tasks.Rows(jax.ShapeDtypeStruct((rows,), np.int32)), None)
+        out = {k: (arrays["row_gids"].shape[0], *v.shape[1:]) for k, v in out.items()}
+        for k, v in arrays.items():
+            if k.startswith("g_"):
+                _need(k[2:] in out and tuple(v.shape) == out[k[2:]],
+                      f"{kind} task: {k!r} has shape {tuple(v.shape)}, the output {k[2:]!r} has {out.get(k[2:])}")
+        return
     if st.kind == StageKind.AV:
         adj, inputs = tasks.Rows(arrays["row_gids"]), {"h": arrays["h"]}
     else:

@@ -317,3 +317,50 @@ def producers(model: Model) -> dict[int, dict[str, int]]:
         for name in writes(st):
             last[name] = st.index
     return out
+
+
+def requires_grad(model: Model) -> dict[int, bool]:
+    """For every stage, whether the gradient of its outputs is needed: it has parameters, or an input it reads
+    needs one. A GA over the input features needs no backward at all, and its consumer no input gradient."""
+    prod = producers(model)
+    need: dict[int, bool] = {-1: False}
+    for st in model.stages:
+        need[st.index] = st.has_params or any(need[p] for p in prod[st.index].values())
+    return need
+
+
+def tensor_groups(model: Model) -> list[tuple[int, ...]]:
+    """The stages in execution order, grouped into tasks: runs of consecutive AV stages whose intermediate
+    outputs only the next AV reads (row-local, no ghosts) become one tensor task; every other stage is its own.
+    Fusing changes nothing computed, only how many tasks (and bytes) carry it."""
+    prod = producers(model)
+    readers: dict[tuple[int, str], list[int]] = {}
+    for st in model.stages:
+        for name, p in prod[st.index].items():
+            readers.setdefault((p, name), []).append(st.index)
+    groups: list[list[int]] = []
+    for st in model.stages:
+        prev = groups[-1][-1] if groups else None
+        if (prev is not None and st.kind == StageKind.AV and model.stages[prev].kind == StageKind.AV
+                and all(prod[st.index][n] == prev for n in reads(st))
+                and all(readers.get((prev, n), []) == [st.index] for n in writes(model.stages[prev]))):
+            groups[-1].append(st.index)
+        else:
+            groups.append([st.index])
+    return [tuple(g) for g in groups]
+
+
+def row_widths(model: Model, in_dim: int) -> dict[tuple[int, str], int]:
+    """Floats per vertex row of every row tensor (producer stage, name) of a row-local model (GCN, SAGE), from
+    the stage shapes alone; -1 is the input features. GAT's per-edge tensors have no row width: None."""
+    if any(st.kind == StageKind.AE for st in model.stages):
+        return None
+    prod = producers(model)
+    w: dict[tuple[int, str], int] = {(-1, "h"): in_dim}
+    for st in model.stages:
+        if st.kind == StageKind.AV:
+            w[(st.index, "h")] = st.out_dim * max(st.heads, 1)
+        elif st.kind == StageKind.GA:
+            src = w[(prod[st.index]["h"], "h")]
+            w[(st.index, "h")] = {"sum": src, "mean-concat": 2 * src, "mean-add": src // 2}[st.aggregator]
+    return w

@@ -1,5 +1,10 @@
 """Tensor tasks as pure jitted functions: a stage's forward, its VJP, and the fused last layer (AV + loss + ∇AV).
 
+A task may run a chain of consecutive row-local AV stages (`ops.models.tensor_groups`, named by
+``meta["stages"]`` with one dropout seed each in ``meta["seeds"]``): one task, one round trip, and only the
+chain's input and output cross the wire. Row-local tasks may arrive unpadded (``meta["rows"]`` is the static
+row count they are padded back to here, so every kernel compiles once).
+
 These are what a tensor worker runs, in the local pool or on AWS Lambda: each takes the stage, its stashed
 parameters and the task's arrays, and returns arrays. Backward tasks recompute the stage's forward from the
 inputs the graph server kept (as Dorylus's Lambdas do) and return parameter and input gradients.
@@ -11,6 +16,7 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from ops import dense, models
 from ops.models import Stage
@@ -97,6 +103,104 @@ def loss_fn(loss_stage: Stage, av_stage: Stage | None):
     return jax.jit(l)
 
 
+def _chain_call(stages: tuple[Stage, ...]):
+    def f(p, inputs, rows, seeds):
+        state = inputs
+        for k, st in enumerate(stages):
+            state = models.run_stage(st, p, state, rows, None if seeds is None else seeds[k])
+        return state
+
+    return f
+
+
+@functools.lru_cache(maxsize=None)
+def chain_forward_fn(stages: tuple[Stage, ...]):
+    """jit(f(params by stage name, inputs, rows, seeds) -> the last stage's outputs) for fused AV stages."""
+    return jax.jit(_chain_call(stages))
+
+
+@functools.lru_cache(maxsize=None)
+def chain_backward_fn(stages: tuple[Stage, ...], wrt_inputs: tuple[str, ...]):
+    """jit(g(params, inputs, rows, seeds, out_grads) -> (param_grads by stage, input_grads)) for fused AV stages:
+    the VJP of the whole chain, its intermediates recomputed from the chain's input."""
+    f = _chain_call(stages)
+
+    def g(p, inputs, rows, seeds, out_grads):
+        const = {k: v for k, v in inputs.items() if k not in wrt_inputs}
+        var = {k: v for k, v in inputs.items() if k in wrt_inputs}
+
+        def h(p, var):
+            out = f(p, {**const, **var}, rows, seeds)
+            return {k: out[k] for k in out_grads}
+
+        _, pullback = jax.vjp(h, p, var)
+        return pullback(out_grads)
+
+    return jax.jit(g)
+
+
+@functools.lru_cache(maxsize=None)
+def loss_chain_fn(loss_stage: Stage, av_stages: tuple[Stage, ...]):
+    """`loss_fn` with a chain of fused AV stages before the loss (one dropout seed per stage)."""
+    chain = _chain_call(av_stages)
+
+    def objective(p, h, rows, labels, mask, seeds, scale):
+        h = chain(p, {"h": h}, rows, seeds)["h"]
+        logits = models.logits_of(loss_stage, p, h)
+        s, n = dense.softmax_cross_entropy(logits, labels, mask)
+        return s * scale, (s, n, dense.correct_count(logits, labels, mask))
+
+    def l(p, h, rows, labels, mask, seeds, scale):
+        (_, (s, n, c)), (gp, gh) = jax.value_and_grad(objective, argnums=(0, 1), has_aux=True)(
+            p, h, rows, labels, mask, seeds, scale)
+        return s, n, c, gp, gh
+
+    return jax.jit(l)
+
+
+def task_stages(model: models.Model, stage_index: int, meta: dict) -> tuple[int, ...]:
+    """The stages a task runs: ``meta["stages"]`` (consecutive AV stages starting at the task's stage) or its
+    stage alone."""
+    chain = meta.get("stages")
+    if chain is None:
+        return (stage_index,)
+    chain = tuple(int(k) for k in chain)
+    n = len(model.stages)
+    if (not chain or chain[0] != stage_index or list(chain) != list(range(chain[0], chain[0] + len(chain)))
+            or not all(0 <= k < n and model.stages[k].kind == StageKind.AV for k in chain)):
+        raise ValueError(f"meta.stages {list(chain)} is not a run of consecutive AV stages from stage {stage_index}")
+    return chain
+
+
+def _seeds(meta: dict, chain: tuple[int, ...]):
+    if meta.get("seed") is None:
+        return None
+    seeds = meta.get("seeds", [meta["seed"]])
+    if len(seeds) != len(chain):
+        raise ValueError(f"meta.seeds has {len(seeds)} seeds for {len(chain)} stages")
+    return jnp.asarray(np.asarray(seeds, np.uint32))
+
+
+ROW_LOCAL_KINDS = (TaskKind.AV, TaskKind.AV_BWD, TaskKind.LAST, TaskKind.LOSS)
+
+
+def pad_rows(arrays: dict, rows: int) -> tuple[dict, int]:
+    """Row-local task arrays sent unpadded (n rows) -> padded to `rows`: zeros, row ids -1 (as the graph
+    server's own padding), so the kernels see the static shape they compiled for. Returns (arrays, n)."""
+    n = int(arrays["row_gids"].shape[0])
+    if n > rows:
+        raise ValueError(f"the task has {n} rows, more than meta.rows = {rows}")
+    if n == rows:
+        return arrays, n
+    out = {}
+    for k, v in arrays.items():
+        v = np.asarray(v)
+        pad = np.full((rows, *v.shape[1:]), -1 if k == "row_gids" else 0, v.dtype)
+        pad[:n] = v
+        out[k] = pad
+    return out, n
+
+
 def zeros_like_outputs(outputs: dict) -> dict:
     return {k: jnp.zeros_like(v) for k, v in outputs.items()}
 
@@ -119,6 +223,14 @@ def run_tensor_task(model: models.Model, kind: str, stage_index: int, params: di
     """Run one tensor task; returns (result arrays for the graph server, parameter gradients by stage name,
     scalar statistics). kinds: AV, AE (forward), LAST (fused AV + loss + backward), LOSS, AV_BWD, AE_BWD."""
     st = model.stages[stage_index]
+    if meta.get("rows") is not None and kind in ROW_LOCAL_KINDS and st.kind != StageKind.AE:
+        arrays, n = pad_rows(arrays, int(meta["rows"]))
+        out, grads, scalars = run_tensor_task(model, kind, stage_index, params, arrays,
+                                              {k: v for k, v in meta.items() if k != "rows"})
+        return {k: v[:n] for k, v in out.items()}, grads, scalars
+    chain = task_stages(model, stage_index, meta)
+    if len(chain) > 1:
+        return _run_chain(model, kind, chain, params, arrays, meta)
     seed = None if meta.get("seed") is None else jnp.uint32(meta["seed"])
     if kind in (TaskKind.LAST, TaskKind.LOSS):
         loss_stage = model.stages[-1]
@@ -145,3 +257,29 @@ def run_tensor_task(model: models.Model, kind: str, stage_index: int, params: di
         gp, gin = backward_fn(st, wrt)(p, inputs, adj, seed, out_grads)
         return {f"d_{k}": v for k, v in gin.items()}, ({st.name: gp} if st.has_params else {}), {}
     raise ValueError(f"unknown tensor task kind {kind!r}")
+
+
+def _run_chain(model: models.Model, kind: str, chain: tuple[int, ...], params: dict, arrays: dict,
+               meta: dict) -> tuple[dict, dict, dict]:
+    """A task over fused AV stages (AV, AV_BWD, or LAST when the chain ends right before the loss)."""
+    stages = tuple(model.stages[k] for k in chain)
+    seeds = _seeds(meta, chain)
+    rows = Rows(arrays["row_gids"])
+    names = [st.name for st in stages if st.has_params]
+    if kind == TaskKind.LAST:
+        loss_stage = model.stages[-1]
+        if chain[-1] != len(model.stages) - 2:
+            raise ValueError(f"LAST task over stages {list(chain)}: the chain must end right before the loss")
+        p = {nm: params[nm] for nm in names + ([loss_stage.name] if loss_stage.has_params else [])}
+        s, n, c, gp, gh = loss_chain_fn(loss_stage, stages)(p, arrays["h"], rows, arrays["labels"], arrays["mask"],
+                                                             seeds, jnp.float32(meta["scale"]))
+        return {"dh": gh}, gp, {"loss_sum": float(s), "count": float(n), "correct": float(c)}
+    p = {nm: params[nm] for nm in names}
+    inputs = {"h": arrays["h"]}
+    if kind == TaskKind.AV:
+        return dict(chain_forward_fn(stages)(p, inputs, rows, seeds)), {}, {}
+    if kind == TaskKind.AV_BWD:
+        out_grads = {k[2:]: v for k, v in arrays.items() if k.startswith("g_")}
+        gp, gin = chain_backward_fn(stages, tuple(meta.get("wrt", ())))(p, inputs, rows, seeds, out_grads)
+        return {f"d_{k}": v for k, v in gin.items()}, dict(gp), {}
+    raise ValueError(f"{kind} task cannot run fused stages {list(chain)}")

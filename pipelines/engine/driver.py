@@ -14,12 +14,13 @@ import dataclasses
 import time
 from typing import Callable
 
+from ops import models
 from ops.spec import ModelSpec
 from pipelines.config import TrainConfig
 from pipelines.data.graph import Graph
 from pipelines.epochs import NO_EVALUATION, EarlyStopping, Evaluator, device_graph, progress, summary_head
 from pipelines.transports.base import Transport
-from schemas.tasks import Channel, Lifecycle, Message
+from schemas.tasks import Channel, Lifecycle, Message, StageKind
 
 
 class EpochDriver:
@@ -195,10 +196,77 @@ def engine_summary(cfg: TrainConfig, graph: Graph, driver: EpochDriver, stats: R
             "param_server": stats.param_server_busy_s / seconds,
         },
         "tensor_tasks": int(pool.get("tasks", 0)),
+        "tensor_concurrency_peak": pool.get("peak_concurrency"),
+        "wire": wire_summary(cfg, graph, stats, len(driver.history) - driver.start),
         "injected_failures": int(pool.get("injected_failures", 0)),
         "injected_delays": int(pool.get("injected_delays", 0)),
     })
     return summary
+
+
+#: channels whose bytes the model's minimum covers (activations and gradients between the stages)
+DATA_CHANNELS = (Channel.TENSOR_TASKS, Channel.TENSOR_RESULTS, Channel.GHOSTS, Channel.GHOST_GRADS)
+
+
+def wire_minimum(model: models.Model, in_dim: int, owned_rows: int, ghost_rows: int) -> dict | None:
+    """Bytes per epoch that must cross each data channel, from the stage shapes: consecutive row-local stages
+    fused into one task, no padding rows, stateless workers (a backward task is sent its forward inputs again;
+    nothing it can recompute), float32 values, int32 labels and a bool mask for the loss; no routing or vertex
+    ids; ghost rows of the input features are placed once, not per epoch.
+    owned_rows: vertices (summed over partitions); ghost_rows: ghost copies (summed). None for models with
+    per-edge tensor stages (GAT), whose blocks have no row width."""
+    w = models.row_widths(model, in_dim)
+    if w is None:
+        return None
+    prod, need = models.producers(model), models.requires_grad(model)
+    st = model.stages
+    last = len(st) - 1
+    groups = [g for g in models.tensor_groups(model) if st[g[0]].kind == StageKind.AV]
+    fused_last = st[last - 1].kind == StageKind.AV
+    to_w = from_w = 0  # floats per row to / from the tensor workers
+    for g in groups:
+        w_in, w_out = w[(prod[g[0]]["h"], "h")], w[(g[-1], "h")]
+        if fused_last and g[-1] == last - 1:
+            to_w, from_w = to_w + w_in, from_w + w_in      # LAST: h in, dh out (+ labels below)
+            continue
+        to_w, from_w = to_w + w_in, from_w + w_out         # forward
+        to_w += w_in + w_out                               # backward: inputs again and the output gradient
+        from_w += w_in if need[prod[g[0]]["h"]] else 0     # the input gradient, where anyone needs it
+    if not fused_last:
+        w_loss = w[(prod[last]["h"], "h")]
+        to_w, from_w = to_w + w_loss, from_w + w_loss
+    ghosts = grads = 0
+    for s in st:
+        if s.kind == StageKind.GA and prod[s.index]["h"] != -1:  # input features never change: no ghosts
+            p = prod[s.index]["h"]
+            ghosts += w[(p, "h")]
+            grads += w[(p, "h")] if need[p] else 0
+    return {Channel.TENSOR_TASKS.value: 4 * owned_rows * to_w + 5 * owned_rows,
+            Channel.TENSOR_RESULTS.value: 4 * owned_rows * from_w,
+            Channel.GHOSTS.value: 4 * ghost_rows * ghosts, Channel.GHOST_GRADS.value: 4 * ghost_rows * grads}
+
+
+def wire_summary(cfg: TrainConfig, graph: Graph, stats: "RoleStats", epochs: int) -> dict:
+    """Bytes per epoch on every channel (what the transport counted, over the epochs run) beside the model's
+    minimum on the data channels, and their ratio."""
+    reports = stats.graph_servers.values()
+    owned = sum(int(m.get("owned_rows", 0)) for m in reports)
+    ghost = sum(int(m.get("ghost_rows", 0)) for m in reports)
+    model = ModelSpec.for_graph(cfg, graph).build()
+    minimum = wire_minimum(model, graph.features.shape[1], owned, ghost) if owned else None
+    epochs = max(epochs, 1)
+    counted = stats.transport.get("payload_bytes") or stats.transport.get("bytes", {})
+    per_epoch = {str(k): v / epochs for k, v in counted.items()}
+    out = {"bytes_per_epoch": per_epoch, "counted": "payload_bytes" if "payload_bytes" in stats.transport
+           else "bytes", "epochs": epochs, "minimum_bytes_per_epoch": minimum}
+    if "payload_bytes" in stats.transport:
+        out["wire_bytes_per_epoch"] = {str(k): v / epochs for k, v in stats.transport.get("bytes", {}).items()}
+    if minimum:
+        data = sum(per_epoch.get(c.value, 0.0) for c in DATA_CHANNELS)
+        out["data_bytes_per_epoch"] = data
+        out["minimum_data_bytes_per_epoch"] = sum(minimum.values())
+        out["ratio_to_minimum"] = data / max(sum(minimum.values()), 1)
+    return out
 
 
 def add_cost(summary: dict, meter, seconds: float, epochs: int, transport: dict, busy: dict) -> None:

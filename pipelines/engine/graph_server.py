@@ -19,7 +19,7 @@ import numpy as np
 
 from ops import models
 from ops.optim import dropout_seeds
-from ops.tasks import BLOCK_ARRAYS, backward_fn, forward_fn, gather_transpose_fn
+from ops.tasks import BLOCK_ARRAYS, ROW_LOCAL_KINDS, backward_fn, forward_fn, gather_transpose_fn
 from pipelines.engine.spans import clock
 from pipelines.engine.messages import EngineError, check_routing
 from pipelines.engine.param_server import weight_version
@@ -71,6 +71,9 @@ class GraphServer:
         self.labels = labels
         self.train_mask = train_mask
         self.producers = models.producers(model)
+        self.req_grad = models.requires_grad(model)
+        # Consecutive row-local AV stages run as one tensor task, keyed by the group's first stage.
+        self.group_of = {g[0]: g for g in models.tensor_groups(model)}
         self.schedule = self._build_schedule()
         # Which (producer stage, tensor) pairs are read at columns, and by which stage.
         self.col_reads: dict[tuple[int, str], int] = {}
@@ -84,6 +87,7 @@ class GraphServer:
                     self.row_consumers[(ps, name)].append(st.index)
         self._static_blocks()
         self._static_cols: dict[int, jax.Array] = {}
+        self._static_ga: dict[tuple[int, int], dict] = {}  # (interval, stage) -> outputs of a GA over features
         self._col_split = [(np.flatnonzero(iv.cols < self.n_own), np.flatnonzero(iv.cols >= self.n_own))
                            for iv in plan.intervals]
         # Stores, keyed by epoch.
@@ -126,22 +130,19 @@ class GraphServer:
 
     # ------------------------------------------------------------------------------------------------ setup
     def _build_schedule(self) -> list[tuple[str, int]]:
-        """The steps of one epoch, (Step, stage index): forward stages, the fused last layer (LAST) or the loss
-        alone (LOSS), then the backward stages."""
+        """The steps of one epoch, (Step, first stage of a task group): forward groups, the fused last layer
+        (LAST) or the loss alone (LOSS), then the backward groups that have parameters or an input whose
+        gradient someone needs (a GA over the input features has none)."""
         st = self.stages
-        steps, last = [], len(st) - 1
+        last = len(st) - 1
+        body = [g for g in self.group_of.values() if g[0] != last]
         fused = st[last - 1].kind == StageKind.AV
-        for s in range(last):
-            if fused and s == last - 1:
-                steps.append((Step.LAST, s))
-            else:
-                steps.append((Step.FORWARD, s))
+        steps = [((Step.LAST if fused and g is body[-1] else Step.FORWARD), g[0]) for g in body]
         if not fused:
             steps.append((Step.LOSS, last))
-        for s in range(last - 1, -1, -1):
-            if fused and s == last - 1:
-                continue
-            steps.append((Step.BACKWARD, s))
+        for g in reversed(body[:-1] if fused else body):
+            if any(st[k].has_params for k in g) or any(self._needs_grad(p) for p in self.producers[g[0]].values()):
+                steps.append((Step.BACKWARD, g[0]))
         return steps
 
     def _static_blocks(self) -> None:
@@ -168,7 +169,7 @@ class GraphServer:
         return int(dropout_seeds(self.seed, e, len(self.stages))[s])
 
     def _needs_grad(self, ps: int) -> bool:
-        return ps != -1
+        return ps != -1 and self.req_grad[ps]
 
     def _span(self, kind: str, e: int, i: int, t0: float, t1: float | None = None, detail=None, lane=None) -> None:
         if self.spans is not None:
@@ -347,7 +348,7 @@ class GraphServer:
             if rows is None:
                 self._gate = "ghost_grads"
                 return None
-            np.add.at(tot, self.plan.send[q], rows)
+            tot[self.plan.send[q]] += rows  # send[q] has no repeats: a plain fancy add is np.add.at's result
         self.bwd_total[(ps, name)][e] = tot
         return tot
 
@@ -402,7 +403,16 @@ class GraphServer:
                 ist.grads[key] = np.asarray(g) if key not in ist.grads else ist.grads[key] + np.asarray(g)
 
     # ------------------------------------------------------------------------------------------------ tasks
+    def _group_meta(self, e: int, s: int) -> dict:
+        g = self.group_of[s]
+        return {} if len(g) == 1 else {"stages": list(g), "seeds": [self.seed_for(e, k) for k in g]}
+
     def _dispatch(self, kind: str, i: int, e: int, s: int, arrays: dict, meta: dict) -> None:
+        if kind in ROW_LOCAL_KINDS:  # row-local tasks travel without the interval's padding rows
+            iv = self.plan.intervals[i]
+            n = iv.end - iv.start
+            arrays = {k: v[:n] for k, v in arrays.items()}
+            meta = {**meta, "rows": int(self.blocks[i].shape[0])}
         msg = Message(kind, e, s, i, self.partition, self.version_for(e), arrays=arrays,
                       meta={"model": self.spec, "attempt": 0, **meta})
         self.inflight[msg.key] = [msg, time.monotonic(), 0]
@@ -443,12 +453,15 @@ class GraphServer:
         if entry[2] == 0:
             self.ema[msg.kind] = dt if msg.kind not in self.ema else 0.8 * self.ema[msg.kind] + 0.2 * dt
         i, e, s = msg.interval, msg.epoch, msg.stage
+        arrays = msg.arrays
+        if msg.kind in ROW_LOCAL_KINDS:  # back to the interval's static row count
+            arrays = {k: self._pad_rows(i, v) for k, v in arrays.items()}
         if e != self.epoch[i]:
             raise EngineError(f"result {msg.kind} for interval {i} epoch {e}, but the interval is in epoch "
                               f"{self.epoch[i]}")
         ist = self.state[i]
         if msg.kind in (TaskKind.AV, TaskKind.AE):
-            self._on_outputs(i, e, s, msg.arrays)
+            self._on_outputs(i, e, self.group_of[s][-1], arrays)
         elif msg.kind in (TaskKind.LAST, TaskKind.LOSS):
             stats = self.epoch_stats[e]
             for k in ("loss_sum", "count", "correct"):
@@ -457,17 +470,29 @@ class GraphServer:
             if stats["n"] == self.num_intervals:
                 self._report_epoch(e)
             # dh is the gradient w.r.t. the LAST/LOSS input rows, produced by the stage before it.
-            self._deposit_input_grads(i, e, s, {"h": msg.arrays["dh"]})
+            self._deposit_input_grads(i, e, s, {"h": arrays["dh"]})
         elif msg.kind in (TaskKind.AV_BWD, TaskKind.AE_BWD):
-            self._deposit_input_grads(i, e, s, {k[2:]: v for k, v in msg.arrays.items() if k.startswith("d_")})
+            self._deposit_input_grads(i, e, s, {k[2:]: v for k, v in arrays.items() if k.startswith("d_")})
         ist.step += 1
+
+    def _pad_rows(self, i: int, v: np.ndarray) -> np.ndarray:
+        R = self.blocks[i].shape[0]
+        if v.shape[0] == R:
+            return v
+        out = np.zeros((R, *v.shape[1:]), v.dtype)
+        out[: v.shape[0]] = v
+        return out
+
+    def _sizes(self) -> dict:
+        """Rows this partition owns and ghosts: what the driver computes the model's wire minimum from."""
+        return {"owned_rows": self.n_own, "ghost_rows": int(self.plan.ghosts.size)}
 
     def _report_epoch(self, e: int) -> None:
         stats = self.epoch_stats.pop(e)
         self.transport.send(Channel.METRICS, 0, Message(Lifecycle.EPOCH, e, -1, -1, self.partition, -1, meta={
             "loss_sum": stats["loss_sum"], "count": stats["count"], "correct": stats["correct"],
             "max_staleness": self.max_staleness, "relaunches": self.relaunches, "duplicates": self.duplicates,
-            "busy_s": dict(self.busy_s), "interval_epochs": list(self.epoch)}))
+            "busy_s": dict(self.busy_s), "interval_epochs": list(self.epoch), **self._sizes()}))
 
     def _try_step(self, i: int) -> bool:
         """Fire interval i's next step if its inputs are ready; True if anything happened."""
@@ -486,7 +511,7 @@ class GraphServer:
             return self._wait(i, "weights")
         if kind in (Step.FORWARD, Step.LAST, Step.LOSS):
             self._gate = None
-            inputs = self._inputs(i, e, s)
+            inputs = {} if (i, s) in self._static_ga else self._inputs(i, e, s)
             if inputs is None:
                 return self._wait(i, self._gate)
             self._end_wait(i, e, f"{kind}{s}")
@@ -495,8 +520,14 @@ class GraphServer:
             seed = self.seed_for(e, s)
             if kind == Step.FORWARD and st.kind == StageKind.GA:
                 t0 = clock()
-                out = forward_fn(st)({}, inputs, self.blocks_dev[i], jnp.uint32(seed))
-                out = {k: np.asarray(v) for k, v in out.items()}
+                out = self._static_ga.get((i, s))
+                if out is None:
+                    out = forward_fn(st)({}, inputs, self.blocks_dev[i], jnp.uint32(seed))
+                    out = {k: np.asarray(v) for k, v in out.items()}
+                    if all(p == -1 for p in self.producers[s].values()):
+                        # Â·X of the input features is the same every epoch (no dropout in GA): computed once.
+                        self._static_ga[(i, s)] = out
+                        self._static_cols.pop(i, None)  # its gathered feature columns are not read again
                 t1 = clock()
                 self.busy_s[TaskKind.GA] += t1 - t0
                 self._span(TaskKind.GA, e, i, t0, t1)
@@ -505,7 +536,7 @@ class GraphServer:
                 return True
             blk = self.blocks[i]
             arrays = {**inputs, "row_gids": blk.row_gids}
-            meta = {"seed": seed}
+            meta = {"seed": seed, **self._group_meta(e, s)}
             if st.kind == StageKind.AE:
                 arrays.update({k: getattr(blk, k) for k in BLOCK_ARRAYS})
             if kind in (Step.LAST, Step.LOSS):
@@ -515,12 +546,13 @@ class GraphServer:
             return True
         # backward
         self._gate = None
-        out_grads = self._out_grads(i, e, s)
+        group = self.group_of[s]
+        out_grads = self._out_grads(i, e, group[-1])
         if out_grads is None:
             return self._wait(i, self._gate)
         self._end_wait(i, e, f"B{s}")
         wrt = tuple(n for n in models.reads(st) if self._needs_grad(self.producers[s][n]))
-        if not wrt and not st.has_params:
+        if not wrt and not any(self.stages[k].has_params for k in group):
             ist.step += 1
             return True
         inputs = ist.saved[s]
@@ -543,7 +575,8 @@ class GraphServer:
         arrays = {**inputs, "row_gids": blk.row_gids, **{f"g_{k}": v for k, v in out_grads.items()}}
         if st.kind == StageKind.AE:
             arrays.update({k: getattr(blk, k) for k in BLOCK_ARRAYS})
-        self._dispatch(TaskKind(f"{st.kind}_BWD"), i, e, s, arrays, {"seed": seed, "wrt": list(wrt)})
+        self._dispatch(TaskKind(f"{st.kind}_BWD"), i, e, s, arrays,
+                       {"seed": seed, "wrt": list(wrt), **self._group_meta(e, s)})
         return True
 
     def _finish_epoch(self, i: int) -> None:
@@ -609,7 +642,7 @@ class GraphServer:
             self.transport.send(Channel.METRICS, 0, Message(Lifecycle.DONE, min(self.epoch) - 1, -1, -1,
                                                             self.partition, -1, meta={
                 "busy_s": dict(self.busy_s), "relaunches": self.relaunches, "duplicates": self.duplicates,
-                "max_staleness": self.max_staleness}))
+                "max_staleness": self.max_staleness, **self._sizes()}))
         except BaseException as e:
             self.error = e
             self.transport.send(Channel.METRICS, 0, Message(Lifecycle.FAILED, -1, -1, -1, self.partition, -1,

@@ -109,6 +109,8 @@ class LocalPool(TensorWorker):
         self.tasks = 0
         self.failed = 0
         self.delayed = 0
+        self.active = 0
+        self.peak_concurrency = 0
         self.error: BaseException | None = None
         self._lock = threading.Lock()
 
@@ -148,6 +150,16 @@ class LocalPool(TensorWorker):
             consumer.commit()  # the task is handled: a restarted worker need not run it again
 
     def _run(self, msg: Message) -> None:
+        with self._lock:  # tasks in progress at once (sleeping through their latency included)
+            self.active += 1
+            self.peak_concurrency = max(self.peak_concurrency, self.active)
+        try:
+            self._run_one(msg)
+        finally:
+            with self._lock:
+                self.active -= 1
+
+    def _run_one(self, msg: Message) -> None:
         fail, delay = self._draw()
         if fail:
             with self._lock:
@@ -185,4 +197,5 @@ class LocalPool(TensorWorker):
 
     def stats(self) -> dict:
         return {"workers": self.size, "tasks": self.tasks, "busy_s": self.busy_s, "injected_failures": self.failed,
-                "injected_delays": self.delayed, "billed_ms": self.billed_ms}
+                "injected_delays": self.delayed, "billed_ms": self.billed_ms,
+                "peak_concurrency": self.peak_concurrency}

@@ -26,7 +26,7 @@ from scipy.optimize import nnls
 from pipelines.config import ConfigError, build_config, load_toml
 from pipelines.engine import spans as span_log
 from ops import models
-from pipelines.plan.shape import (TENSOR_TASKS, Shape, Step, Task, build_stages, schedule, step_task,
+from pipelines.plan.shape import (TENSOR_TASKS, Shape, Step, Task, build_stages, group_of, schedule, step_task,
                                   task_size)
 from pipelines.engine.pools import autotune_start
 from pipelines.plan.cluster import Layout, Network
@@ -131,7 +131,9 @@ def stage_order(stages) -> dict:
         t = step_task(stages, step, s)
         if t is not None:
             order.setdefault(t, []).append(s)
-    order[Task.SC] = [st.index for st in stages if st.kind in ("AV", "AE", "GA")]
+    # A graph server closes a stage (and records an SC span) per task group: fused AV stages close at their last.
+    ends = {g[-1] for g in group_of(stages).values()}
+    order[Task.SC] = [st.index for st in stages if st.kind in ("AV", "AE", "GA") and st.index in ends]
     bwd = []
     for step, s in schedule(stages):
         if step == Step.BACKWARD or step in (Step.LAST, Step.LOSS):

@@ -11,7 +11,7 @@ import collections
 from ops import models
 from pipelines.engine.param_server import weight_version
 from pipelines.plan import des
-from pipelines.plan.shape import Step, Task, schedule, step_task, widths
+from pipelines.plan.shape import Step, Task, group_of, schedule, step_task, widths, wrt_inputs
 from schemas.tasks import StalenessMode
 from pipelines.plan.world import GS_POLL_BUSY_S, GS_POLL_IDLE_S, Msg, World, model_reads
 
@@ -32,6 +32,7 @@ class GraphServerSim:
         self.mode = StalenessMode(L.staleness_mode)
         self.stages = world.stages
         self.sched = schedule(self.stages)
+        self.group_of = group_of(self.stages)
         self.tasks = {(k, s): step_task(self.stages, k, s) for k, s in self.sched}
         self.producers, self.col_reads, self.row_consumers = model_reads(self.stages)
         self.widths = widths(self.stages, world.shape.features)
@@ -216,7 +217,7 @@ class GraphServerSim:
                 self.grads[i].add((ps, name))
 
     def _wrt(self, s: int) -> list[str]:
-        return [n for n in models.reads(self.stages[s]) if self.producers[s][n] != -1]
+        return wrt_inputs(self.stages, s)
 
     # ------------------------------------------------------------------------------------------------ tasks
     def _overhead(self):
@@ -264,7 +265,7 @@ class GraphServerSim:
         if e != self.epoch[i]:
             raise RuntimeError(f"simulated result {msg.kind} for interval {i} epoch {e} in epoch {self.epoch[i]}")
         if msg.kind in (Task.AV.value, Task.AE.value):
-            yield from self._on_outputs(i, e, s)
+            yield from self._on_outputs(i, e, self.group_of[s][-1])
         elif msg.kind in (Task.LAST.value, Task.LOSS.value):
             yield from self._deposit(i, e, s, ["h"])
         else:
@@ -317,7 +318,7 @@ class GraphServerSim:
                 return True
             yield from self._dispatch(task, i, e, s)
             return True
-        gate = self._out_grads_gate(i, e, s)
+        gate = self._out_grads_gate(i, e, self.group_of[s][-1])
         if gate:
             return self._wait(i, gate)
         self._end_wait(i, e, f"B{s}")

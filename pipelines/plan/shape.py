@@ -35,18 +35,30 @@ def build_stages(model: str, features: int, classes: int, *, hidden: int | None 
     return ModelSpec.from_config(cfg, features, classes).build()
 
 
+def _model(stages):
+    return types.SimpleNamespace(stages=stages)
+
+
+def group_of(stages) -> dict[int, tuple[int, ...]]:
+    """First stage -> the stages one engine task runs (consecutive row-local AV stages fuse into one)."""
+    return {g[0]: g for g in models.tensor_groups(_model(stages))}
+
+
 def schedule(stages) -> list[tuple[Step, int]]:
-    """One epoch of an interval, as the engine's graph server walks it: forward steps, the fused last layer
-    (when the stage before the loss is an AV) or a separate loss step, then backward steps."""
-    steps, last = [], len(stages) - 1
+    """One epoch of an interval, as the engine's graph server walks it (`GraphServer._build_schedule`): forward
+    task groups, the fused last layer (when the stage before the loss is an AV) or a separate loss step, then
+    the backward groups that have parameters or an input whose gradient is needed."""
+    last = len(stages) - 1
+    need = models.requires_grad(_model(stages))
+    producers = models.producers(_model(stages))
+    body = [g for g in group_of(stages).values() if g[0] != last]
     fused = stages[last - 1].kind == "AV"
-    for s in range(last):
-        steps.append((Step.LAST, s) if fused and s == last - 1 else (Step.FORWARD, s))
+    steps = [((Step.LAST if fused and g is body[-1] else Step.FORWARD), g[0]) for g in body]
     if not fused:
         steps.append((Step.LOSS, last))
-    for s in range(last - 1, -1, -1):
-        if not (fused and s == last - 1):
-            steps.append((Step.BACKWARD, s))
+    for g in reversed(body[:-1] if fused else body):
+        if any(stages[k].has_params for k in g) or any(p != -1 and need[p] for p in producers[g[0]].values()):
+            steps.append((Step.BACKWARD, g[0]))
     return steps
 
 
@@ -57,11 +69,16 @@ def step_task(stages, step: Step, s: int) -> Task | None:
         return Task(step.value)
     if step == Step.FORWARD:
         return Task(st.kind)
-    producers = models.producers(types.SimpleNamespace(stages=stages))
-    wrt = [n for n in models.reads(st) if producers[s][n] != -1]
-    if not wrt and not st.has_params:
+    if not wrt_inputs(stages, s) and not any(stages[k].has_params for k in group_of(stages)[s]):
         return None
     return Task(f"{st.kind}_BWD")
+
+
+def wrt_inputs(stages, s: int) -> list[str]:
+    """The inputs of stage s whose gradient someone needs (the engine's `wrt`)."""
+    producers = models.producers(_model(stages))
+    need = models.requires_grad(_model(stages))
+    return [n for n in models.reads(stages[s]) if producers[s][n] != -1 and need[producers[s][n]]]
 
 
 def widths(stages, features: int) -> dict[int, dict[str, int]]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import collections
 
 from pipelines.plan import des
-from pipelines.plan.shape import Task
+from pipelines.plan.shape import Task, group_of
 from pipelines.plan.world import Msg, World
 
 PS_POLL_S = 0.05
@@ -18,10 +18,11 @@ PS_POLL_S = 0.05
 
 def grad_stages(stages, kind: str, s: int) -> list[str]:
     """Stage names whose dW a task of this kind sends the parameter server (one GRAD message each)."""
+    group = [stages[k] for k in group_of(stages)[s]]  # a task over fused AV stages sends each one's dW
     if kind == Task.AV_BWD.value:
-        return [stages[s].name] if stages[s].has_params else []
+        return [st.name for st in group if st.has_params]
     if kind == Task.LAST.value:
-        return [st.name for st in (stages[s], stages[-1]) if st.has_params]
+        return [st.name for st in (*group, stages[-1]) if st.has_params]
     if kind == Task.LOSS.value:
         return [stages[-1].name] if stages[-1].has_params else []
     return []
