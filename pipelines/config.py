@@ -59,7 +59,7 @@ class TrainConfig:
     intervals: int = 1
     partitioner: str = "metis"
     staleness: int | None = None
-    staleness_mode: str = "predict"     # what is stale under S >= 1: predict, fresh or stale (README)
+    staleness_mode: str = "smooth"      # what is stale under S >= 1: smooth, predict, fresh or stale (README)
     wu: str = "sync"
     tensor_workers: int | str = 2       # local pool size, "auto" (autotuned local pool) or "aws" (Lambda)
     straggler_k: float = 2.0
@@ -124,7 +124,7 @@ class TrainConfig:
         need(self.staleness is None or self.staleness >= 0,
              f"staleness must be none or an integer >= 0, got {self.staleness}")
         need(self.staleness_mode in [m.value for m in StalenessMode],
-             f"staleness_mode must be predict, fresh or stale, got {self.staleness_mode!r}")
+             f"staleness_mode must be smooth, predict, fresh or stale, got {self.staleness_mode!r}")
         need(self.wu in ("sync", "async"), f"wu must be sync or async, got {self.wu!r}")
         need(self.tensor_workers in ("auto", "aws") or (isinstance(self.tensor_workers, int)
                                                         and not isinstance(self.tensor_workers, bool)

@@ -68,17 +68,11 @@ def ps_checkpoints(out: Path | str) -> dict[int, Path]:
 
 
 def save_ps_checkpoint(out: Path | str, state, offsets: dict | None = None) -> Path:
-    """Weights, optimizer state and version of a `PSState` (plus async WU's running gradients), atomically."""
+    """Weights, optimizer state and version of a `PSState`, atomically."""
     arrays = P.flatten(state.params, prefix="params/")
     for i, leaf in enumerate(jax.tree_util.tree_leaves(state.opt_state)):
         arrays[f"opt/{i}"] = np.asarray(leaf)
-    if state.total is not None:
-        arrays.update(P.flatten(state.total, prefix="total/"))
-    latest_keys = []
-    for k, (key, g) in enumerate(sorted(state.latest.items())):
-        latest_keys.append(list(key))
-        arrays.update(P.flatten(g, prefix=f"latest/{k}/"))
-    meta = {"version": int(state.version), "epoch_done": int(state.version) - 1, "latest_keys": latest_keys,
+    meta = {"version": int(state.version), "epoch_done": int(state.version) - 1,
             "offsets": offsets or {}, "time": time.time()}
     arrays["meta"] = np.array(json.dumps(meta))
     path = ckpt_dir(out) / f"param-server-{state.version:06d}.npz"
@@ -102,14 +96,8 @@ def load_ps_checkpoint(path: Path | str, tx, template_params: dict):
         leaves, treedef = jax.tree_util.tree_flatten(template)
         got = [jnp.asarray(z[f"opt/{i}"], dtype=jnp.asarray(t).dtype) for i, t in enumerate(leaves)]
         opt_state = jax.tree_util.tree_unflatten(treedef, got)
-        total = None
-        if any(k.startswith("total/") for k in z.files):
-            total = P.read_like(z, template_params, prefix="total/")
-        latest = {}
-        for k, key in enumerate(meta.get("latest_keys", [])):
-            latest[tuple(key)] = P.read_like(z, template_params, prefix=f"latest/{k}/")
     v = int(meta["version"])
-    return PSState(params, opt_state, v, {v: params}, {}, latest, total)
+    return PSState(params, opt_state, v, {v: params}, {})
 
 
 # ------------------------------------------------------------------------------------------------ plumbing

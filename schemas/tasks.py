@@ -80,6 +80,7 @@ class Direction(Word):
 class StalenessMode(Word):
     """What an epoch reads stale under bounded staleness S >= 1 (README, 'Bounded staleness')."""
 
+    SMOOTH = "smooth"     # weights e; an EMA of ghost values of epochs <= e - S (PipeGCN-GF); ghost gradients of e
     PREDICT = "predict"   # weights e; ghost values of e - S extrapolated to e; ghost gradients of e
     FRESH = "fresh"       # weights e; ghost values and ghost gradients of e - S (PipeGCN)
     STALE = "stale"       # weights e - S; ghost values and ghost gradients of e - S (delayed gradients)

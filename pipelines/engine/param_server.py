@@ -1,10 +1,15 @@
-"""The parameter server: versioned weights, weight stashing, and WU with optax (sync per epoch or per interval).
+"""The parameter server: versioned weights, weight stashing, and WU with optax (one step per epoch).
 
-Small pieces with explicit state, optax style: `init(params) -> PSState`, `update(state, grads...) -> PSState`.
+Small pieces with explicit state, optax style: `init(params) -> PSState`, `apply_epoch(state, ...) -> PSState`.
 Versions count epochs: version v is the weights after the updates of epochs 0..v-1. `weight_version` is the
 policy: by default epoch e uses version e, so the WU of epoch e-1 is a barrier and only ghost values are stale;
 `StalenessMode.STALE` uses version max(e - S, 0), which lets epochs overlap but applies every gradient S steps
 late, and Adam on delayed gradients oscillates on large graphs (see the README).
+WU sums the intervals' gradients in (partition, interval) order and takes one optimizer step per epoch; `async`
+folds each gradient into that sum as soon as the ones before it in that order are in (the WU overlaps the
+backward passes), `sync` sums when the epoch is complete: the same numbers either way. Per-interval Adam steps
+(SAG style, as before) mix gradients of the previous version into every step, and full-batch Adam oscillates on
+such delayed gradients (README, 'Bounded staleness').
 The backward pass uses the forward's version (stashing), and a run with the same seed gives the same numbers
 however its tasks were timed.
 """
@@ -37,8 +42,7 @@ class PSState:
     version: int
     versions: dict                     # version -> weights still referenced (the stash)
     pending: dict                      # epoch -> {(partition, interval): {stage name: grads}}
-    latest: dict = dataclasses.field(default_factory=dict)   # async: each interval's last gradient
-    total: dict | None = None                                # async: their running sum
+    folded: dict = dataclasses.field(default_factory=dict)   # epoch -> (intervals summed so far, their sum)
 
 
 def init(params: dict, tx: optax.GradientTransformation) -> PSState:
@@ -46,44 +50,33 @@ def init(params: dict, tx: optax.GradientTransformation) -> PSState:
     return PSState(params, tx.init(params), 0, {0: params}, {})
 
 
-def _sum_in_order(parts: list[dict]) -> dict:
-    """Sum gradient trees in a fixed order, so floating-point results do not depend on arrival order."""
-    total = jax.tree_util.tree_map(np.array, parts[0])
-    for p in parts[1:]:
-        total = jax.tree_util.tree_map(np.add, total, p)
-    return total
+def fold(state: PSState, epoch: int, expected: list, param_stages: list[str]) -> int:
+    """Add to epoch's running sum the gradients of the intervals next in `expected` order that are complete;
+    returns how many are summed. A fixed order: the floating-point sum does not depend on arrival order."""
+    done, total = state.folded.get(epoch, (0, None))
+    got = state.pending.get(epoch, {})
+    while done < len(expected) and len(got.get(expected[done], ())) == len(param_stages):
+        g = {name: got[expected[done]][name] for name in param_stages}
+        total = jax.tree_util.tree_map(np.array, g) if total is None else jax.tree_util.tree_map(np.add, total, g)
+        done += 1
+    state.folded[epoch] = (done, total)
+    return done
 
 
-def apply_epoch(state: PSState, tx, epoch: int, expected: list, param_stages: list[str], mode: str,
-                keep_from: int) -> PSState:
-    """WU for one complete epoch: sync sums every interval's gradients and steps once; async steps once per
-    interval, in (partition, interval) order. Then publish version epoch+1 and drop versions below keep_from."""
-    got = state.pending.pop(epoch)
-    per_interval = []
-    for key in expected:
-        stages = got[key]
-        per_interval.append({name: stages[name] for name in param_stages if name in stages})
+def apply_epoch(state: PSState, tx, epoch: int, expected: list, param_stages: list[str], keep_from: int) -> PSState:
+    """WU for one complete epoch: sum every interval's gradients (in `expected` order) and step once. Then
+    publish version epoch+1 and drop versions below keep_from."""
+    if fold(state, epoch, expected, param_stages) < len(expected):
+        raise EngineError(f"WU of epoch {epoch} before all its gradients arrived")
+    state.pending.pop(epoch)
+    _, grads = state.folded.pop(epoch)
     params, opt_state = state.params, state.opt_state
-    if mode == "sync":
-        grads = _sum_in_order(per_interval)
-        grads = {k: grads.get(k, jax.tree_util.tree_map(np.zeros_like, params[k])) for k in params}
-        updates, opt_state = tx.update(grads, opt_state, params)
-        params = optax.apply_updates(params, updates)
-    else:
-        # Per interval, SAG style (Schmidt et al. 2017): the interval's new gradient replaces its previous one in a
-        # running total, and each step follows the total, so K small steps per epoch stay as stable as one.
-        zeros = jax.tree_util.tree_map(np.zeros_like, params)
-        for key, g in zip(expected, per_interval):
-            g = {k: g.get(k, zeros[k]) for k in params}
-            old = state.latest.get(key, zeros)
-            state.total = jax.tree_util.tree_map(lambda t, n, o: t + n - o, state.total or zeros, g, old)
-            state.latest[key] = g
-            updates, opt_state = tx.update(state.total, opt_state, params)
-            params = optax.apply_updates(params, updates)
-    params = jax.tree_util.tree_map(np.asarray, params)
+    grads = {k: grads.get(k, jax.tree_util.tree_map(np.zeros_like, params[k])) for k in params}
+    updates, opt_state = tx.update(grads, opt_state, params)
+    params = jax.tree_util.tree_map(np.asarray, optax.apply_updates(params, updates))
     versions = {v: w for v, w in state.versions.items() if v >= keep_from}
     versions[epoch + 1] = params
-    return PSState(params, opt_state, epoch + 1, versions, state.pending, state.latest, state.total)
+    return PSState(params, opt_state, epoch + 1, versions, state.pending, state.folded)
 
 
 class ParameterServer:
@@ -144,6 +137,9 @@ class ParameterServer:
         if stage in slot:
             return  # duplicate from a relaunched straggler
         slot[stage] = unflatten(msg.arrays)[stage] if "/" in next(iter(msg.arrays), "") else msg.arrays
+        if self.mode == "async":
+            with self._lock:
+                fold(self.state, e, self.expected, self.param_stages)
         self._maybe_apply()
 
     def _complete(self, e: int) -> bool:
@@ -159,13 +155,12 @@ class ParameterServer:
             # Versions still needed: those of epochs that may still be running backward passes (stashing).
             keep_from = max(0, e + 1 - self.staleness)
             with self._lock:
-                self.state = apply_epoch(self.state, self.tx, e, self.expected, self.param_stages, self.mode,
-                                         keep_from)
+                self.state = apply_epoch(self.state, self.tx, e, self.expected, self.param_stages, keep_from)
             t1 = time.monotonic()
             self.busy_s += t1 - t0
             if self.spans is not None:
                 self.spans.add("param-server", TaskKind.WU, e, -1, t0, t1)
-            self.updates += 1 if self.mode == "sync" else len(self.expected)
+            self.updates += 1
             self.publish(e + 1)
 
     def run(self) -> None:

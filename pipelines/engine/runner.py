@@ -70,10 +70,7 @@ def run_context(cfg: TrainConfig, graph: Graph) -> RunContext:
     x, a = model_inputs(cfg, graph)
     plan = build_plan(a, cfg.partitions, cfg.intervals, cfg.partitioner, cfg.seed)
     params = model.init(jax.random.PRNGKey(cfg.seed))
-    k = cfg.partitions * cfg.intervals
-    # Async WU takes one optimizer step per interval: scale the step so an epoch moves as far as one sync step.
-    lr = cfg.lr if cfg.wu == "sync" else cfg.lr / k
-    tx = make_optimizer(lr, cfg.weight_decay, model.decay_mask(params))
+    tx = make_optimizer(cfg.lr, cfg.weight_decay, model.decay_mask(params))
     param_stages = [s.name for s in model.stages if s.has_params]
     return RunContext(model, spec, x, a, plan, params, tx, param_stages, int(graph.train_mask.sum()))
 
