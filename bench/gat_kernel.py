@@ -18,7 +18,6 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 def _step(model, adj, x, labels, mask, fused: bool):
     import jax
-    import jax.numpy as jnp
 
     from ops import dense, models
 
