@@ -62,25 +62,41 @@ def apply_vertex(params: dict, x: jax.Array, *, act_in=None, act_out=None, rate:
     return {"z": z}
 
 
+def edge_logits(s_src: jax.Array, s_dst: jax.Array, adj, negative_slope: float = 0.2):
+    """GAT's per-edge scores: (pre, logits) with pre = s_dst[row] + s_src[col] and logits = LeakyReLU(pre),
+    -inf on padding entries (stored value 0) so the softmax gives them α = 0."""
+    pre = s_dst[adj.row_ids] + s_src[adj.indices]
+    logits = jnp.where((adj.data != 0)[:, None], jax.nn.leaky_relu(pre, negative_slope), -jnp.inf)
+    return pre, logits
+
+
+def edge_keys(adj) -> jax.Array:
+    """uint32 [nnz]: each entry's dropout key from its (destination, source) global ids, so every partitioning
+    (and a backward that recomputes the mask) draws the same."""
+    return adj.row_gids[adj.row_ids].astype(jnp.uint32) * jnp.uint32(0x27D4EB2F) ^ adj.col_gids[
+        adj.indices].astype(jnp.uint32)
+
+
+def edge_keep(seed, adj, heads: int, rate: float) -> jax.Array:
+    """Dropout keep-mask [nnz, heads] of the attention coefficients (keyed by `edge_keys` and the head)."""
+    return random_bits(seed, edge_keys(adj), jnp.arange(heads, dtype=jnp.uint32)) >= rate
+
+
 def apply_edge(s_src: jax.Array, s_dst: jax.Array, adj, *, negative_slope: float = 0.2, rate: float = 0.0,
                seed=None) -> jax.Array:
     """AE: GAT attention α[e, h] = softmax over row r's entries of LeakyReLU(s_dst[r] + s_src[col(e)]).
 
     s_src: [C, H] scores of the block's columns (owned and ghost vertices); s_dst: [R, H] of its rows.
-    Padding entries (stored value 0) get α = 0. Dropout on α as in the GAT paper.
+    Padding entries (stored value 0) get α = 0. Dropout on α as in the GAT paper. The engine runs this as its
+    own tensor task; the whole-graph trainer fuses it with the weighted gather (`ops.attention`).
     """
     from ops.sparse import segment_softmax
 
-    logits = jax.nn.leaky_relu(s_dst[adj.row_ids] + s_src[adj.indices], negative_slope)
-    valid = (adj.data != 0)[:, None]
-    logits = jnp.where(valid, logits, -jnp.inf)
+    _, logits = edge_logits(s_src, s_dst, adj, negative_slope)
     alpha = segment_softmax(logits, adj.row_ids, adj.shape[0])
-    alpha = jnp.where(valid, alpha, 0.0)
+    alpha = jnp.where((adj.data != 0)[:, None], alpha, 0.0)
     if rate > 0.0 and seed is not None:
-        # Key each edge by its (destination, source) global ids so every partitioning draws the same mask.
-        edge_key = adj.row_gids[adj.row_ids].astype(jnp.uint32) * jnp.uint32(0x27D4EB2F) ^ adj.col_gids[
-            adj.indices].astype(jnp.uint32)
-        keep = random_bits(seed, edge_key, jnp.arange(alpha.shape[1], dtype=jnp.uint32)) >= rate
+        keep = edge_keep(seed, adj, alpha.shape[1], rate)
         alpha = jnp.where(keep, alpha / (1.0 - rate), 0.0)
     return alpha
 

@@ -7,7 +7,7 @@ from typing import Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from ops import dense, sparse
+from ops import attention, dense, sparse
 from schemas.tasks import StageKind
 
 
@@ -251,12 +251,28 @@ def forward(model: Model, params: dict, adj: sparse.Adjacency, x: jax.Array, see
     seeds: uint32 array with one dropout seed per stage, or None for evaluation.
     """
     state = {"h": x}
-    for st in model.stages:
+    stages = model.stages
+    i = 0
+    while i < len(stages):
+        st = stages[i]
         if st.kind == StageKind.LOSS:
             return logits_of(st, params, state["h"])
         seed = None if seeds is None else seeds[st.index]
+        if st.kind == StageKind.AE and stages[i + 1].kind == StageKind.GA and stages[i + 1].weighted:
+            state = {**state, **_attend(st, stages[i + 1], state, adj, seed)}
+            i += 2
+            continue
         state = {**state, **run_stage(st, params, state, adj, seed)}
+        i += 1
     raise ValueError("model has no LOSS stage")
+
+
+def _attend(ae: Stage, ga: Stage, state: dict, adj: sparse.Adjacency, seed) -> dict:
+    """AE and the weighted GA that reads its α, fused (`ops.attention`): the same values as running the two
+    stages, without keeping per-edge tensors for the backward. The engine runs them as separate tasks."""
+    out = attention.attend_and_gather(adj, state["s_src"], state["s_dst"], state["h"],
+                                      negative_slope=ae.negative_slope, rate=ae.rate, seed=seed)
+    return {"h": out.reshape(out.shape[0], -1) if ga.concat_heads else out}
 
 
 def from_spec(spec: dict) -> Model:

@@ -140,15 +140,20 @@ def _gw_fwd(adj, values, x):
     return gather_weighted(adj, values, x), (adj, values, x)
 
 
-def _gw_bwd(res, g):
-    adj, values, x = res
+def gather_weighted_transpose(adj: Adjacency, values: jax.Array, g: jax.Array) -> jax.Array:
+    """∇GA of `gather_weighted` for x: dx[c, h] = Σ_e values[e, h] · g[row(e), h] over column c's entries,
+    with the precomputed transpose. g: [R, H, F]; returns [C, H, F]."""
     tv = values[adj.t_perm]
-    dx = jnp.stack(
-        [_csr_matmul(tv[:, h], adj.t_indices, adj.t_indptr, g[:, h, :], adj.shape[1]) for h in range(x.shape[1])],
+    return jnp.stack(
+        [_csr_matmul(tv[:, h], adj.t_indices, adj.t_indptr, g[:, h, :], adj.shape[1]) for h in range(g.shape[1])],
         axis=1,
     )
+
+
+def _gw_bwd(res, g):
+    adj, values, x = res
     dvalues = jnp.sum(g[adj.row_ids] * x[adj.indices], axis=-1)
-    return None, dvalues, dx
+    return None, dvalues, gather_weighted_transpose(adj, values, g)
 
 
 gather_weighted.defvjp(_gw_fwd, _gw_bwd)

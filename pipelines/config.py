@@ -50,7 +50,7 @@ class TrainConfig:
     order: str = "auto"
     # optimization
     seed: int = 0
-    epochs: int = 200
+    epochs: int = 1000                 # a cap: early stopping (patience) ends runs, Amazon's near epoch 300
     lr: float | None = None
     weight_decay: float | None = None
     patience: int = 100

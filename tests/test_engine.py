@@ -113,8 +113,8 @@ def test_default_staleness_converges_where_stale_values_diverged(planted_cut):
 @pytest.mark.slow
 @pytest.mark.parametrize("staleness,wu", [(0, "sync"), (1, "sync"), (0, "async")])
 def test_bounded_staleness_stays_in_the_accuracy_band(cora, staleness, wu):
-    base = train(TrainConfig(model="gcn", seed=0).resolved(), cora).summary["test_acc"]
-    cfg = TrainConfig(model="gcn", seed=0, partitions=2, intervals=4, staleness=staleness, wu=wu,
+    base = train(TrainConfig(model="gcn", seed=0, epochs=200).resolved(), cora).summary["test_acc"]
+    cfg = TrainConfig(model="gcn", seed=0, epochs=200, partitions=2, intervals=4, staleness=staleness, wu=wu,
                       delay_rate=0.1, delay_s=0.02).resolved()
     r = train_engine(cfg, cora)
     assert r.summary["max_staleness_observed"] <= staleness

@@ -1,0 +1,130 @@
+"""GAT's AE and weighted GA fused: edge scores, edge softmax, dropout and the gather in one custom VJP."""
+from __future__ import annotations
+
+import functools
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from ops import dense
+from ops.sparse import Adjacency
+
+# Every per-edge value lives only inside one chunk of CHUNK edges. The forward makes three passes over the
+# chunks (each row's max score, the softmax's sums, the gather of α-weighted z); the backward one, recomputing
+# α from the scores and the saved per-row max and sum. So the step holds vertex-sized arrays (z, the output,
+# the scores) and [CHUNK, heads, F] transients, never an [E, heads] or [E, heads, F] array: the separate AE
+# and GA stages keep α, its logits, softmax terms and dropout mask for the backward, and the BCSR gather and
+# the SDDMM materialize [E, F] per head. The softmax's row term Σ_e α_e ∂α_e equals <∂out[r], out[r]>.
+CHUNK = 1 << 15
+
+
+class _Edges(NamedTuple):
+    """The block's entries padded to whole chunks: [chunks, CHUNK] rows, columns, validity and dropout keys."""
+
+    rows: jax.Array
+    cols: jax.Array
+    valid: jax.Array
+    keys: jax.Array
+
+
+def _edges(adj: Adjacency) -> _Edges:
+    e = adj.nnz
+    chunk = min(CHUNK, max(e, 1))
+    n = -(-e // chunk) * chunk
+
+    def pad(v):
+        return jnp.pad(v, (0, n - e)).reshape(-1, chunk)
+
+    return _Edges(pad(adj.row_ids), pad(adj.indices), pad(adj.data != 0), pad(dense.edge_keys(adj)))
+
+
+def _scores(s_src, s_dst, ed: _Edges, i, slope):
+    """pre-activation and masked logits [CHUNK, H] of chunk i."""
+    pre = s_dst[ed.rows[i]] + s_src[ed.cols[i]]
+    return pre, jnp.where(ed.valid[i][:, None], jax.nn.leaky_relu(pre, slope), -jnp.inf)
+
+
+def _alpha(logits, m, s, ed: _Edges, i, seed, rate):
+    """α and the dropped-out α of chunk i (the same draws as `dense.apply_edge`)."""
+    r = ed.rows[i]
+    alpha = jnp.where(ed.valid[i][:, None], jnp.exp(logits - m[r]) / (s[r] + 1e-16), 0.0)
+    if rate <= 0.0:
+        return alpha, alpha
+    keep = dense.random_bits(seed, ed.keys[i], jnp.arange(alpha.shape[1], dtype=jnp.uint32)) >= rate
+    return alpha, jnp.where(keep, alpha / (1.0 - rate), 0.0)
+
+
+def _loop(n, body, init):
+    return jax.lax.fori_loop(0, n, body, init)
+
+
+def _forward(adj, s_src, s_dst, z, seed, slope, rate):
+    ed = _edges(adj)
+    n, (r, h) = ed.rows.shape[0], s_dst.shape
+
+    def row_max(i, m):
+        return m.at[ed.rows[i]].max(_scores(s_src, s_dst, ed, i, slope)[1], indices_are_sorted=True)
+
+    m = _loop(n, row_max, jnp.full((r, h), -jnp.inf, s_dst.dtype))
+    m = jnp.where(jnp.isfinite(m), m, 0.0)
+
+    def row_sum(i, s):
+        logits = _scores(s_src, s_dst, ed, i, slope)[1]
+        return s.at[ed.rows[i]].add(jnp.exp(logits - m[ed.rows[i]]), indices_are_sorted=True)
+
+    s = _loop(n, row_sum, jnp.zeros((r, h), s_dst.dtype))
+
+    def gather(i, out):
+        _, dropped = _alpha(_scores(s_src, s_dst, ed, i, slope)[1], m, s, ed, i, seed, rate)
+        return out.at[ed.rows[i]].add(dropped[:, :, None] * z[ed.cols[i]], indices_are_sorted=True)
+
+    out = _loop(n, gather, jnp.zeros((r, *z.shape[1:]), z.dtype))
+    return out, m, s
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6))
+def _attend(adj, s_src, s_dst, z, seed, negative_slope, rate):
+    return _forward(adj, s_src, s_dst, z, seed, negative_slope, rate)[0]
+
+
+def _attend_fwd(adj, s_src, s_dst, z, seed, negative_slope, rate):
+    out, m, s = _forward(adj, s_src, s_dst, z, seed, negative_slope, rate)
+    return out, (adj, s_src, s_dst, z, seed, m, s, out)
+
+
+def _attend_bwd(negative_slope, rate, res, g):
+    adj, s_src, s_dst, z, seed, m, s, out = res
+    ed = _edges(adj)
+    row_term = jnp.sum(g * out, axis=-1)                        # Σ_e α_e ∂α_e per (row, head)
+
+    def body(i, acc):
+        dz, ds_src, ds_dst = acc
+        rows, cols = ed.rows[i], ed.cols[i]
+        pre, logits = _scores(s_src, s_dst, ed, i, negative_slope)
+        alpha, dropped = _alpha(logits, m, s, ed, i, seed, rate)
+        g_rows = g[rows]
+        dz = dz.at[cols].add(dropped[:, :, None] * g_rows)
+        d_dropped = jnp.sum(g_rows * z[cols], axis=-1)          # SDDMM
+        d_alpha = d_dropped if rate <= 0.0 else jnp.where(dropped != 0, d_dropped / (1.0 - rate), 0.0)
+        d_pre = alpha * (d_alpha - row_term[rows]) * jnp.where(pre >= 0, 1.0, negative_slope)
+        return dz, ds_src.at[cols].add(d_pre), ds_dst.at[rows].add(d_pre, indices_are_sorted=True)
+
+    init = (jnp.zeros_like(z), jnp.zeros_like(s_src), jnp.zeros_like(s_dst))
+    dz, ds_src, ds_dst = _loop(ed.rows.shape[0], body, init)
+    return None, ds_src, ds_dst, dz, None
+
+
+_attend.defvjp(_attend_fwd, _attend_bwd)
+
+
+def attend_and_gather(adj: Adjacency, s_src: jax.Array, s_dst: jax.Array, z: jax.Array, *,
+                      negative_slope: float = 0.2, rate: float = 0.0, seed=None) -> jax.Array:
+    """out[r, h] = Σ_e α'[e, h] · z[col(e), h]: `dense.apply_edge` then `sparse.gather_weighted`, fused.
+
+    s_src: [C, H], s_dst: [R, H], z: [C, H, F]; returns [R, H, F]. α' is the attention softmax with dropout
+    (rate, keyed by seed; none when seed is None), drawn exactly as `dense.apply_edge` draws it.
+    """
+    if seed is None or rate <= 0.0:
+        rate, seed = 0.0, jnp.uint32(0)
+    return _attend(adj, s_src, s_dst, z, jnp.asarray(seed, jnp.uint32), float(negative_slope), float(rate))
