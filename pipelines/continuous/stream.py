@@ -62,6 +62,7 @@ from pipelines.data.features import resolve_feature_norm
 from schemas.events import EVENT_SCHEMA
 
 PREDICT_MODES = ("changed", "all", "none")
+FIRST_ROUND_EPOCHS = 200   # a cold round trains this long unless --epochs says otherwise (the trainer's epochs is a cap)
 
 
 @dataclasses.dataclass
@@ -80,7 +81,7 @@ class StreamOptions:
                                              # (None: a partition holds it until its first event; CLI: 30 s)
     catch_up: str = "windows"                # windows | skip
     round_epochs: int = 50                   # epochs of a warm-started round
-    first_round_epochs: int | None = None    # epochs of the first (cold) round; default cfg.epochs
+    first_round_epochs: int | None = None    # epochs of the first (cold) round; default 200 (cfg.epochs is a cap)
     until_idle_s: float | None = None        # stop after no new events for this long (a final round first)
     num_classes: int | None = None           # default: the largest label seen by the first round + 1
     # No training before the graph has min_train_labels train labels (default num_classes) covering
@@ -367,7 +368,8 @@ class Stream(IngestMixin, PersistMixin):
 
     def _train_round(self, graph, ids, k: int, cut, row: dict, ingested0: int) -> dict:
         """Train the round, write and publish its version; fills the row; returns the version's info."""
-        epochs = (self.opts.first_round_epochs or self.cfg.epochs) if self.params is None else self.opts.round_epochs
+        epochs = (self.opts.first_round_epochs or min(self.cfg.epochs, FIRST_ROUND_EPOCHS)) if self.params is None \
+            else self.opts.round_epochs
         t1 = time.monotonic()
         self.training = True
         try:
