@@ -102,8 +102,12 @@ def make_graph(
     val_mask: np.ndarray,
     test_mask: np.ndarray,
     num_classes: int | None = None,
+    adj: sp.csr_matrix | None = None,
 ) -> Graph:
-    """Validate raw arrays and build a Graph (symmetrized, deduplicated, no self-loops)."""
+    """Validate raw arrays and build a Graph (symmetrized, deduplicated, no self-loops).
+
+    adj: the adjacency already in the Graph convention (a reader that builds it itself, e.g. from prepared
+    shards); then src/dst are ignored."""
     features = np.asarray(features)
     if features.ndim != 2:
         raise DataError(f"features must be a 2-D array, got shape {features.shape}")
@@ -132,7 +136,10 @@ def make_graph(
         if (labels[m] < 0).any():
             raise DataError(f"{mname} mask selects nodes without a label")
         masks.append(m)
-    adj = clean_adjacency(src, dst, n)
+    if adj is None:
+        adj = clean_adjacency(src, dst, n)
+    elif adj.shape != (n, n):
+        raise DataError(f"adjacency of shape {adj.shape} for {n} nodes")
     return Graph(name, adj, features, labels, masks[0], masks[1], masks[2], int(num_classes))
 
 
