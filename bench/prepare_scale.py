@@ -38,9 +38,16 @@ def emit(**row) -> None:
     print(json.dumps(row), flush=True)
 
 
+MAX_RSS_GB = 20.0   # a step whose process tree grows past this is stopped (the machine is shared: no swap, no OOM)
+
+
 def run_measured(cmd: list[str], log_path: Path, env=None) -> dict:
-    """Run cmd; wall seconds, peak RSS (bytes) of its process tree, exit code."""
+    """Run cmd; wall seconds, peak RSS (bytes) of its process tree, exit code. A tree above MAX_RSS_GB, or above
+    what the machine has available when the step starts (less 1 GB), is killed: rc -9, ``rss_cap_gb`` set."""
     import psutil
+
+    cap = min(MAX_RSS_GB * 2**30, psutil.virtual_memory().available - 2**30)
+    capped = False
 
     with open(log_path, "w") as log:
         t0 = time.perf_counter()
@@ -59,9 +66,19 @@ def run_measured(cmd: list[str], log_path: Path, env=None) -> dict:
                 except psutil.NoSuchProcess:
                     pass
             peak = max(peak, total)
+            if total > cap and not capped:
+                capped = True
+                for q in reversed(procs):
+                    try:
+                        q.kill()
+                    except psutil.NoSuchProcess:
+                        pass
             time.sleep(0.2)
         wall = time.perf_counter() - t0
-    return {"wall_s": round(wall, 2), "peak_rss_gb": round(peak / 2**30, 3), "rc": proc.returncode}
+    row = {"wall_s": round(wall, 2), "peak_rss_gb": round(peak / 2**30, 3), "rc": proc.returncode}
+    if capped:
+        row["rss_cap_gb"] = round(cap / 2**30, 2)
+    return row
 
 
 def generate(args, work: Path) -> dict:
@@ -132,10 +149,13 @@ def main(argv=None) -> int:
     ap.add_argument("--work", help="working directory (default: a temporary one, removed afterwards)")
     ap.add_argument("--steps", default="generate,prepare,train,infer",
                     help="comma-separated steps to run; later steps reuse --work's earlier results")
+    ap.add_argument("--max-rss-gb", type=float, default=MAX_RSS_GB, help="stop a step above this peak RSS")
     ap.add_argument("--check-rows", type=int, default=1_000_000, help="runner-check: rows per produced element")
     args = ap.parse_args(argv)
     if args.edges is None:
         args.edges = 1 << (args.scale + 3)
+    global MAX_RSS_GB
+    MAX_RSS_GB = args.max_rss_gb
     steps = set(args.steps.split(","))
 
     tmp = None
