@@ -154,8 +154,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.edges is None:
         args.edges = 1 << (args.scale + 3)
-    global MAX_RSS_GB
-    MAX_RSS_GB = args.max_rss_gb
+    globals()["MAX_RSS_GB"] = args.max_rss_gb   # run_measured's cap
     steps = set(args.steps.split(","))
 
     tmp = None
