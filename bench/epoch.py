@@ -51,7 +51,8 @@ def main(argv=None) -> int:
         "features": args.features, "hidden": args.hidden, "classes": args.classes, "layers": args.layers,
         "order": args.order, "stages": w["stages"], "epochs": args.epochs,
         "epoch_s_min": min(times), "epoch_s_median": float(np.median(times)), "jit_s": w["jit_s"],
-        "generate_s": gen_s, "final_loss": w["final_loss"], "peak_rss_mb": peak_rss_mb(), "cores": os.cpu_count(),
+        "generate_s": gen_s, "final_loss": w["final_loss"], "peak_rss_mb": peak_rss_mb(),
+        "graph_bytes_per_directed_edge": w["graph_bytes"] / graph.num_edges, "cores": os.cpu_count(),
     }
     print(json.dumps(single), flush=True)
     if args.partitions:

@@ -1,12 +1,13 @@
 """Scale benchmark of the Beam prepare pipeline: an R-MAT graph -> edge files -> `dorylus prepare` on the
-DirectRunner (multi-process mode) -> `dorylus train --prepared` for a few epochs. Prints one JSON line per step.
+DirectRunner -> `dorylus train --prepared` for a few epochs -> `dorylus infer`. Prints one JSON line per step.
 
-    python bench/prepare_scale.py                                  # 16M undirected edges, 2^20 vertices
+    python bench/prepare_scale.py                                  # 2^20 vertices, 8M undirected edges
+    python bench/prepare_scale.py --scale 24                       # 2^24 vertices, 2^27 undirected (268M directed)
     python bench/prepare_scale.py --edges 1000000 --scale 16 --train whole
 
 Steps (each one JSON line):
-  generate  the R-MAT graph (pipelines.data.synthetic.rmat: distinct undirected edges, no self-loops) written as
-            --files CSV files ``src,dst`` (header, shuffled order) + features.npy [N, F] + labels.npy [N]
+  generate  the R-MAT edges (pipelines.data.synthetic.rmat_edges: distinct undirected edges, no self-loops) written
+            as --files CSV files ``src,dst`` (header, shuffled order) + features.npy [N, F] + labels.npy [N]
   prepare   `python -m pipelines.prepare ... --engine direct --workers W` in a subprocess: wall time, peak RSS
             of the whole process tree (driver + SDK worker processes, sampled every 0.2 s), input edges/s.
             If the pipeline's flow checks find that the runner lost elements (Beam 2.77's DirectRunner does with
@@ -37,9 +38,16 @@ def emit(**row) -> None:
     print(json.dumps(row), flush=True)
 
 
+MAX_RSS_GB = 20.0   # a step whose process tree grows past this is stopped (the machine is shared: no swap, no OOM)
+
+
 def run_measured(cmd: list[str], log_path: Path, env=None) -> dict:
-    """Run cmd; wall seconds, peak RSS (bytes) of its process tree, exit code."""
+    """Run cmd; wall seconds, peak RSS (bytes) of its process tree, exit code. A tree above MAX_RSS_GB, or above
+    what the machine has available when the step starts (less 1 GB), is killed: rc -9, ``rss_cap_gb`` set."""
     import psutil
+
+    cap = min(MAX_RSS_GB * 2**30, psutil.virtual_memory().available - 2**30)
+    capped = False
 
     with open(log_path, "w") as log:
         t0 = time.perf_counter()
@@ -58,63 +66,95 @@ def run_measured(cmd: list[str], log_path: Path, env=None) -> dict:
                 except psutil.NoSuchProcess:
                     pass
             peak = max(peak, total)
+            if total > cap and not capped:
+                capped = True
+                for q in reversed(procs):
+                    try:
+                        q.kill()
+                    except psutil.NoSuchProcess:
+                        pass
             time.sleep(0.2)
         wall = time.perf_counter() - t0
-    return {"wall_s": round(wall, 2), "peak_rss_gb": round(peak / 2**30, 3), "rc": proc.returncode}
+    row = {"wall_s": round(wall, 2), "peak_rss_gb": round(peak / 2**30, 3), "rc": proc.returncode}
+    if capped:
+        row["rss_cap_gb"] = round(cap / 2**30, 2)
+    return row
 
 
 def generate(args, work: Path) -> dict:
-    from pipelines.data.synthetic import rmat
-
-    t0 = time.perf_counter()
-    g = rmat(args.scale, args.edges, seed=args.seed, feature_dim=args.feature_dim, num_classes=args.classes)
-    t_gen = time.perf_counter() - t0
-    coo = g.adj.tocoo()
-    upper = coo.row < coo.col
-    src, dst = coo.row[upper].astype(np.int64), coo.col[upper].astype(np.int64)
-    del coo
-    rng = np.random.default_rng(args.seed)
-    perm = rng.permutation(src.size)
-    flip = rng.random(src.size) < 0.5           # records name either direction
-    src, dst = np.where(flip, dst, src)[perm], np.where(flip, src, dst)[perm]
-    edges_dir = work / "edges"
-    edges_dir.mkdir(parents=True, exist_ok=True)
+    """The R-MAT edges (pipelines.data.synthetic.rmat_edges: no Graph is built) as CSV files, features and
+    labels as .npy written in chunks; peak memory about 20 bytes per undirected edge."""
     import pyarrow as pa
     import pyarrow.csv as pacsv
 
+    from pipelines.data.synthetic import rmat_edges
+
+    t0 = time.perf_counter()
+    src, dst, n = rmat_edges(args.scale, args.edges, seed=args.seed)
+    t_gen = time.perf_counter() - t0
+    rng = np.random.default_rng(args.seed)
+    edges_dir = work / "edges"
+    edges_dir.mkdir(parents=True, exist_ok=True)
+    perm = rng.permutation(src.size).astype(np.int64)   # records in shuffled order, either direction
     bounds = np.linspace(0, src.size, args.files + 1).astype(np.int64)
     for i in range(args.files):
-        lo, hi = bounds[i], bounds[i + 1]
         with open(edges_dir / f"part-{i:03d}.csv", "wb") as f:
             f.write(b"src,dst\n")
-            pacsv.write_csv(pa.table({"src": src[lo:hi], "dst": dst[lo:hi]}), f,
-                            write_options=pacsv.WriteOptions(include_header=False))
-    np.save(work / "features.npy", g.features)
-    np.save(work / "labels.npy", g.labels)
+            for lo in range(int(bounds[i]), int(bounds[i + 1]), CSV_CHUNK):
+                idx = perm[lo:min(lo + CSV_CHUNK, int(bounds[i + 1]))]
+                a, b = src[idx], dst[idx]
+                flip = rng.random(idx.size) < 0.5
+                pacsv.write_csv(pa.table({"src": np.where(flip, b, a), "dst": np.where(flip, a, b)}), f,
+                                write_options=pacsv.WriteOptions(include_header=False))
+    m = int(src.size)
+    del src, dst, perm
+    feats = np.lib.format.open_memmap(work / "features.npy", mode="w+", dtype=np.float32,
+                                      shape=(n, args.feature_dim))
+    for lo in range(0, n, CSV_CHUNK):
+        hi = min(lo + CSV_CHUNK, n)
+        feats[lo:hi] = rng.standard_normal((hi - lo, args.feature_dim), dtype=np.float32)
+    feats.flush()
+    del feats
+    np.save(work / "labels.npy", rng.integers(0, args.classes, size=n, dtype=np.int32))
     size = sum(f.stat().st_size for f in edges_dir.iterdir())
-    return {"step": "generate", "vertices": g.num_nodes, "undirected_edges": int(src.size),
-            "directed_edges": g.num_edges, "files": args.files, "edge_bytes": size,
-            "generate_s": round(t_gen, 2), "total_s": round(time.perf_counter() - t0, 2)}
+    return {"step": "generate", "vertices": n, "undirected_edges": m, "directed_edges": 2 * m,
+            "files": args.files, "edge_bytes": size, "generate_s": round(t_gen, 2),
+            "total_s": round(time.perf_counter() - t0, 2), "peak_rss_gb": round(_self_peak_gb(), 3)}
+
+
+CSV_CHUNK = 1 << 22   # rows per write (and feature rows per draw)
+
+
+def _self_peak_gb() -> float:
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--edges", type=int, default=16_000_000, help="distinct undirected edges (default 16M)")
-    ap.add_argument("--scale", type=int, default=20, help="2^scale vertices (default 20: edge factor ~16)")
+    ap.add_argument("--scale", type=int, default=20, help="2^scale vertices (default 20)")
+    ap.add_argument("--edges", type=int, help="distinct undirected edges (default 2^(scale+3): 8 per vertex, "
+                                               "so --scale 24 is 2^27 undirected, 268M directed edges)")
     ap.add_argument("--feature-dim", type=int, default=32)
     ap.add_argument("--classes", type=int, default=8)
     ap.add_argument("--files", type=int, default=8, help="edge files (CSV)")
     ap.add_argument("--partitions", type=int, default=4)
-    ap.add_argument("--workers", type=int, default=2, help="DirectRunner worker processes")
+    ap.add_argument("--workers", type=int, default=1, help="DirectRunner worker processes (Beam 2.77 loses "
+                                                            "elements with several at ~1 GB: see runner-check)")
     ap.add_argument("--train", choices=("engine", "whole", "none"), default="engine")
     ap.add_argument("--intervals", type=int, default=4)
     ap.add_argument("--epochs", type=int, default=3)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--work", help="working directory (default: a temporary one, removed afterwards)")
-    ap.add_argument("--steps", default="generate,prepare,train",
+    ap.add_argument("--steps", default="generate,prepare,train,infer",
                     help="comma-separated steps to run; later steps reuse --work's earlier results")
+    ap.add_argument("--max-rss-gb", type=float, default=MAX_RSS_GB, help="stop a step above this peak RSS")
     ap.add_argument("--check-rows", type=int, default=1_000_000, help="runner-check: rows per produced element")
     args = ap.parse_args(argv)
+    if args.edges is None:
+        args.edges = 1 << (args.scale + 3)
+    globals()["MAX_RSS_GB"] = args.max_rss_gb   # run_measured's cap
     steps = set(args.steps.split(","))
 
     tmp = None
@@ -134,7 +174,8 @@ def main(argv=None) -> int:
         if "runner-check" in steps:
             emit(**runner_check(args.workers, rows=args.check_rows))
         if "prepare" not in steps:
-            return train_step(args, work, out) if "train" in steps else 0
+            rc = train_step(args, work, out) if "train" in steps else 0
+            return infer_step(args, work, out) if rc == 0 and "infer" in steps else rc
         for workers in dict.fromkeys([args.workers, 1]):   # one worker again only if the parallel run failed
             m, row = prepare_step(args, work, out, workers)
             if m["rc"] == 0 or "lost or duplicated elements" not in row.get("log_tail", ""):
@@ -151,7 +192,8 @@ def main(argv=None) -> int:
             emit(**row)
         if m["rc"] != 0 or args.train == "none" or "train" not in steps:
             return m["rc"]
-        return train_step(args, work, out)
+        rc = train_step(args, work, out)
+        return infer_step(args, work, out) if rc == 0 and "infer" in steps else rc
     finally:
         if tmp is not None:
             tmp.cleanup()
@@ -248,6 +290,23 @@ def train_step(args, work: Path, out: Path) -> int:
                        partitioner=s["partition_stats"]["partitioner"])
     else:
         row["log_tail"] = (work / "train.log").read_text()[-2000:]
+    emit(**row)
+    return t["rc"]
+
+
+def infer_step(args, work: Path, out: Path) -> int:
+    """`dorylus infer` over the trained run (Beam, DirectRunner): wall time, peak RSS, predictions written."""
+    pred = work / "predictions"
+    cmd = [sys.executable, "-m", "pipelines.cli", "infer", "--run", str(work / "run"), "--prepared", str(out),
+           "--out", str(pred), "--overwrite", "--no-embeddings"]
+    env = dict(os.environ, JAX_PLATFORMS=os.environ.get("JAX_PLATFORMS", "cpu"))
+    t = run_measured(cmd, work / "infer.log", env=env)
+    row = {"step": "infer", **t}
+    if t["rc"] == 0 and (pred / "infer.json").is_file():
+        info = json.loads((pred / "infer.json").read_text())
+        row.update({k: info[k] for k in ("num_vertices", "num_edges") if k in info})
+    else:
+        row["log_tail"] = (work / "infer.log").read_text()[-2000:]
     emit(**row)
     return t["rc"]
 

@@ -13,13 +13,13 @@ One JSON line per (size, trainer):
     machine the fastest epoch is the one least disturbed by other processes; `s_per_edge_median` beside it),
   `cpu_s_per_edge` = the fastest epoch's process CPU seconds (all threads) / edges: the work per edge, which
     other processes on a busy machine do not inflate the way they inflate wall time,
-  `array_bytes`: the graph server's resident arrays (the adjacency in CSR with its transpose permutation, the
-    normalized features), `array_bytes_per_edge` and the check against the goal
-    64 bytes/edge + 4 x F bytes/vertex (`memory_goal_ok`);
+  `graph_bytes_per_directed_edge`: the trainer's adjacency (CSR values, int32 indices and indptr, vertex ids;
+    features apart) per directed edge, goal <= 12 for GCN (`graph_goal_ok`); `array_bytes`: it + the features;
   `peak_rss_delta_bytes`: the process's peak RSS minus its RSS before the graph was built (includes the
-    transient per-edge buffers of the kernels and the generator), and per edge.
+    generator's and the kernels' transient buffers), `peak_rss_per_directed_edge` its share per directed edge.
 A final `scaling-summary` line: the spread of seconds (and CPU seconds) per edge, max / min over sizes; goal
-<= 1.3. `--order random,degree` repeats every size with vertices renumbered by descending degree (locality).
+<= 1.3. `--order auto` is the trainer's own vertex order (hub order on skewed graphs such as R-MAT, see
+pipelines.data.graph.locality_order); `--order ids` keeps the generator's random ids; `auto,ids` runs both.
 """
 from __future__ import annotations
 
@@ -36,6 +36,7 @@ sys.path.insert(0, REPO)
 
 GOAL_SPREAD = 1.3
 GOAL_BYTES_PER_EDGE = 64
+GOAL_GRAPH_BYTES_PER_DIRECTED_EDGE = 12
 
 
 def parse_size(s: str) -> int:
@@ -77,8 +78,10 @@ def one(args) -> list[dict]:
     t0 = time.perf_counter()
     graph = rmat(scale, num_edges=m, feature_dim=args.features, num_classes=args.classes, seed=args.seed)
     gen_s = time.perf_counter() - t0
-    if args.order == "degree":
-        graph = degree_order(graph)
+    if args.order == "ids":
+        import pipelines.epochs
+
+        pipelines.epochs.locality_order = lambda adj: None
     cfg = TrainConfig(model="gcn", hidden=args.hidden, layers=2, seed=args.seed, dropout=0.5,
                       epochs=args.epochs).resolved()
     w = whole_graph_epochs(graph, cfg, args.epochs)  # its device arrays are freed when it returns
@@ -94,29 +97,19 @@ def one(args) -> list[dict]:
              "epoch_s_min": float(min(times)), "s_per_edge": float(min(times)) / edges,
              "s_per_edge_median": med / edges, "cpu_s_min": float(min(cpu)),
              "cpu_s_per_edge": float(min(cpu)) / edges, "jit_s": w["jit_s"], "generate_s": gen_s,
-             "adjacency_build_s": w["adjacency_build_s"], "array_bytes": array_bytes, "array_bytes_per_edge": array_bytes / edges,
+             "adjacency_build_s": w["adjacency_build_s"], "graph_bytes": w["graph_bytes"],
+             "graph_bytes_per_directed_edge": w["graph_bytes"] / graph.num_edges,
+             "graph_goal_ok": w["graph_bytes"] <= GOAL_GRAPH_BYTES_PER_DIRECTED_EDGE * graph.num_edges,
+             "array_bytes": array_bytes, "array_bytes_per_edge": array_bytes / edges,
              "memory_goal_bytes": goal, "memory_goal_ok": array_bytes <= goal,
              "peak_rss_delta_bytes": peak, "peak_rss_delta_per_edge": peak / edges,
+             "peak_rss_per_directed_edge": peak / graph.num_edges,
              "final_loss": w["final_loss"], "cores": os.cpu_count()}]
     print(json.dumps(rows[0]), flush=True)
     if args.engine:
         rows.append(engine_row(args, graph, cfg, common))
         print(json.dumps(rows[-1]), flush=True)
     return rows
-
-
-def degree_order(graph):
-    """The same graph with vertices renumbered by descending degree (hubs first: their rows and columns stay
-    in cache), as a locality experiment against Graph500's random ids."""
-    import numpy as np
-
-    deg = np.diff(graph.adj.indptr)
-    perm = np.argsort(-deg, kind="stable")
-    adj = graph.adj[perm][:, perm].tocsr()
-    adj.sort_indices()
-    return graph.replace(adj=adj, features=graph.features[perm], labels=graph.labels[perm],
-                         train_mask=graph.train_mask[perm], val_mask=graph.val_mask[perm],
-                         test_mask=graph.test_mask[perm], name=f"{graph.name}-degree-ordered")
 
 
 def engine_row(args, graph, cfg, common: dict) -> dict:
@@ -172,8 +165,8 @@ def main(argv=None) -> int:
     p.add_argument("--classes", type=int, default=8)
     p.add_argument("--edge-factor", type=int, default=16)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--order", default="random", help="vertex ids: random (Graph500's permutation) or degree "
-                                                     "(renumbered by descending degree); comma-separated: both")
+    p.add_argument("--order", default="auto", help="vertex order: auto (the trainer's: hub order on skewed "
+                                                   "graphs) or ids (Graph500's random ids); comma-separated: both")
     p.add_argument("--engine", type=int, default=0, help="also run the engine with this many partitions")
     p.add_argument("--engine-max-edges", default="4M", help="the engine runs only up to this size")
     p.add_argument("--intervals", type=int, default=4)
@@ -210,7 +203,7 @@ def main(argv=None) -> int:
         rows += got
     summary = {"bench": "scaling-summary", "goal_spread": GOAL_SPREAD}
     for order in args.order.split(","):
-        pre = "" if order == "random" else f"{order}."
+        pre = "" if order == "auto" else f"{order}."
         for trainer in ("whole-graph", "engine"):
             got = [r for r in rows if r.get("trainer") == trainer and r.get("order") == order]
             for key in ("s_per_edge", "cpu_s_per_edge"):
@@ -223,6 +216,8 @@ def main(argv=None) -> int:
         summary["memory_goal_ok"] = all(r["memory_goal_ok"] for r in mem)
         summary["array_bytes_per_edge_max"] = max(r["array_bytes_per_edge"] for r in mem)
         summary["peak_rss_delta_per_edge_max"] = max(r["peak_rss_delta_per_edge"] for r in mem)
+        summary["graph_bytes_per_directed_edge_max"] = max(r["graph_bytes_per_directed_edge"] for r in mem)
+        summary["graph_goal_ok"] = all(r["graph_goal_ok"] for r in mem)
     print(json.dumps(summary), flush=True)
     return 0 if not any("error" in r for r in rows) else 1
 

@@ -12,48 +12,77 @@ from jax.experimental import sparse as jsparse
 class Adjacency:
     """The rows of a (normalized) adjacency that one task gathers over: R destination rows x C source columns.
 
-    data/indices/indptr: CSR of the R x C block (the values are Â's entries for GCN).
-    row_ids: the CSR row of every stored entry, for per-edge work (attention, SDDMM).
+    data/indices/indptr: CSR of the R x C block (the values are Â's entries for GCN), int32 indices (and indptr
+      while nnz fits int32).
+    row_ids: the CSR row of every stored entry, for per-edge work (attention, SDDMM). Stored when built with
+      `edge_rows=True` (GAT, whose AE tasks ship it); otherwise derived from indptr inside the kernel that needs it.
     t_indices/t_indptr/t_perm: CSR structure of the transpose; the transpose's k-th value is data[t_perm[k]],
-      so backward passes (∇GA with Âᵀ) run at the same speed as forward ones.
+      so backward passes (∇GA with Âᵀ) run at the same speed as forward ones. None when `symmetric`: a square
+      block equal to its transpose (GCN's and GraphSAGE's whole-graph Â) is its own transpose.
     row_gids/col_gids: global vertex id of each local row and column; counter-based dropout keys on them
-      so every partitioning draws the same masks.
-    Shapes are static pytree metadata, so jit compiles once per (R, C, nnz).
+      so every partitioning (and every vertex order) draws the same masks.
+    Shapes and `symmetric` are static pytree metadata, so jit compiles once per (R, C, nnz).
     """
 
-    def __init__(self, data, indices, indptr, row_ids, t_indices, t_indptr, t_perm, row_gids, col_gids, shape):
+    def __init__(self, data, indices, indptr, row_ids, t_indices, t_indptr, t_perm, row_gids, col_gids, shape,
+                 symmetric: bool = False):
         self.data = data
         self.indices = indices
         self.indptr = indptr
-        self.row_ids = row_ids
+        self._row_ids = row_ids
         self.t_indices = t_indices
         self.t_indptr = t_indptr
         self.t_perm = t_perm
         self.row_gids = row_gids
         self.col_gids = col_gids
         self.shape = tuple(int(s) for s in shape)
+        self.symmetric = bool(symmetric)
 
     def tree_flatten(self):
         return (
-            (self.data, self.indices, self.indptr, self.row_ids, self.t_indices, self.t_indptr, self.t_perm,
+            (self.data, self.indices, self.indptr, self._row_ids, self.t_indices, self.t_indptr, self.t_perm,
              self.row_gids, self.col_gids),
-            self.shape,
+            (self.shape, self.symmetric),
         )
 
     @classmethod
-    def tree_unflatten(cls, shape, children):
-        return cls(*children, shape=shape)
+    def tree_unflatten(cls, aux, children):
+        shape, symmetric = aux
+        return cls(*children, shape=shape, symmetric=symmetric)
 
     @property
     def nnz(self) -> int:
         return int(self.data.shape[0])
 
+    @property
+    def row_ids(self):
+        """The CSR row of every stored entry: the stored vector, else derived from indptr (O(nnz), in the
+        caller's jit): a 1 at every row start, summed."""
+        if self._row_ids is not None:
+            return self._row_ids
+        starts = jnp.zeros(self.nnz, jnp.int32).at[self.indptr[1:-1]].add(1, mode="drop")
+        return jnp.cumsum(starts, dtype=jnp.int32)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the stored arrays (what the block costs in memory, wherever it lives)."""
+        leaves = {id(a): a for a in jax.tree_util.tree_leaves(self)}   # row and column ids may be one array
+        return int(sum(a.nbytes for a in leaves.values()))
+
     @classmethod
     def from_scipy(cls, a: sp.spmatrix, row_gids=None, col_gids=None, nnz_pad: int | None = None,
-                   rows_pad: int | None = None, cols_pad: int | None = None) -> "Adjacency":
-        """Build from a scipy matrix (host side), optionally padded to fixed sizes with zero-valued entries."""
-        a = sp.csr_matrix(a, dtype=np.float32, copy=True)
-        a.sort_indices()
+                   rows_pad: int | None = None, cols_pad: int | None = None, *, symmetric: bool = False,
+                   edge_rows: bool | None = None) -> "Adjacency":
+        """Build from a scipy matrix (host side), optionally padded to fixed sizes with zero-valued entries.
+
+        symmetric=True (the caller knows the block equals its transpose, e.g. GCN's Â over the whole graph):
+        no transpose is stored, and an unpadded float32/int32 CSR with sorted indices is used without a copy.
+        edge_rows: store row_ids (default: only when a transpose is stored, as the engine's blocks need).
+        """
+        a = a if sp.isspmatrix_csr(a) or isinstance(a, sp.csr_array) else sp.csr_matrix(a)
+        if not a.has_sorted_indices:
+            a = a.copy()
+            a.sort_indices()
         r, c = a.shape
         rp = r if rows_pad is None else int(rows_pad)
         cp = c if cols_pad is None else int(cols_pad)
@@ -63,27 +92,42 @@ class Adjacency:
         npad = nnz if nnz_pad is None else int(nnz_pad)
         if npad < nnz:
             raise ValueError(f"nnz padding {npad} is smaller than the block's {nnz} entries")
-        data = np.zeros(npad, np.float32)
-        data[:nnz] = a.data
-        indices = np.zeros(npad, np.int32)
-        indices[:nnz] = a.indices
-        indptr = np.empty(rp + 1, np.int32)
+        if symmetric and (r != c or rp != r or cp != c or npad != nnz):
+            raise ValueError("a symmetric adjacency is square and unpadded")
+        itype = np.int64 if npad > np.iinfo(np.int32).max else np.int32
+        if npad == nnz:   # no padding: the CSR's own arrays (no copy when they already have the dtypes)
+            data = np.asarray(a.data, np.float32)
+            indices = np.asarray(a.indices, itype)
+        else:
+            data = np.zeros(npad, np.float32)
+            data[:nnz] = a.data
+            indices = np.zeros(npad, itype)
+            indices[:nnz] = a.indices
+        indptr = np.empty(rp + 1, itype)
         indptr[: r + 1] = a.indptr
         # Padding entries sit in the last padded row (or the last real row) with value 0 at column 0.
         indptr[r + 1:] = nnz
         indptr[-1] = npad
-        row_ids = np.repeat(np.arange(rp, dtype=np.int32), np.diff(indptr))
-        order = np.lexsort((row_ids, indices))  # transpose order: by column, then row
-        t_counts = np.bincount(indices, minlength=cp)
-        t_indptr = np.zeros(cp + 1, np.int32)
-        np.cumsum(t_counts, out=t_indptr[1:])
         rg = np.arange(rp, dtype=np.int32) if row_gids is None else _pad_ids(row_gids, rp)
-        cg = np.arange(cp, dtype=np.int32) if col_gids is None else _pad_ids(col_gids, cp)
-        return cls(data, indices, indptr, row_ids, row_ids[order].astype(np.int32), t_indptr,
-                   order.astype(np.int32), rg, cg, shape=(rp, cp))
+        cg = None if symmetric and col_gids is None else (
+            np.arange(cp, dtype=np.int32) if col_gids is None else _pad_ids(col_gids, cp))
+        if symmetric:
+            return cls(data, indices, indptr, _row_ids(indptr) if edge_rows else None, None, None, None,
+                       rg, rg if cg is None else cg, shape=(rp, cp), symmetric=True)
+        row_ids = _row_ids(indptr)
+        order = np.lexsort((row_ids, indices)).astype(itype)  # transpose order: by column, then row
+        t_indptr = np.zeros(cp + 1, itype)
+        np.cumsum(np.bincount(indices, minlength=cp), out=t_indptr[1:])
+        t_indices = row_ids[order]
+        return cls(data, indices, indptr, row_ids if edge_rows in (None, True) else None, t_indices, t_indptr,
+                   order, rg, cg, shape=(rp, cp))
 
     def to_device(self) -> "Adjacency":
         return jax.tree_util.tree_map(jnp.asarray, self)
+
+
+def _row_ids(indptr: np.ndarray) -> np.ndarray:
+    return np.repeat(np.arange(indptr.size - 1, dtype=indptr.dtype), np.diff(indptr))
 
 
 def _pad_ids(ids, n):
@@ -112,7 +156,10 @@ def _gather_fwd(adj, x):
 
 
 def gather_transpose(adj: Adjacency, g: jax.Array) -> jax.Array:
-    """∇GA: Aᵀ · g over the block's columns, with the precomputed transpose (no forward values needed)."""
+    """∇GA: Aᵀ · g over the block's columns, with the precomputed transpose (no forward values needed); a
+    symmetric block is its own transpose."""
+    if adj.symmetric:
+        return _csr_matmul(adj.data, adj.indices, adj.indptr, g, adj.shape[0])
     return _csr_matmul(adj.data[adj.t_perm], adj.t_indices, adj.t_indptr, g, adj.shape[1])
 
 
@@ -160,8 +207,19 @@ gather_weighted.defvjp(_gw_fwd, _gw_bwd)
 
 
 def _with_values(adj: Adjacency, values: jax.Array) -> Adjacency:
-    return Adjacency(values, adj.indices, adj.indptr, adj.row_ids, adj.t_indices, adj.t_indptr, adj.t_perm,
-                     adj.row_gids, adj.col_gids, adj.shape)
+    return Adjacency(values, adj.indices, adj.indptr, adj._row_ids, adj.t_indices, adj.t_indptr, adj.t_perm,
+                     adj.row_gids, adj.col_gids, adj.shape, symmetric=adj.symmetric)
+
+
+def _self_and_neighbours(adj: Adjacency):
+    """Per stored entry: 1 where it is its row's self-loop, 1 where it is a neighbour; and each row's neighbour
+    count (at least 1). Taken from the structure (nonzero entries) and global ids, not the stored values."""
+    valid = adj.data != 0
+    rows = adj.row_ids
+    is_self = valid & (adj.row_gids[rows] == adj.col_gids[adj.indices])
+    neigh = (valid & ~is_self).astype(jnp.float32)
+    count = jax.ops.segment_sum(neigh, rows, num_segments=adj.shape[0], indices_are_sorted=True)
+    return is_self.astype(jnp.float32), neigh, jnp.maximum(count, 1.0), rows
 
 
 def mean_self_split(adj: Adjacency) -> tuple[Adjacency, Adjacency]:
@@ -170,14 +228,20 @@ def mean_self_split(adj: Adjacency) -> tuple[Adjacency, Adjacency]:
     Taken from the structure (nonzero entries), not the stored values, so it works over any normalized Â: an
     entry is the row's self-loop when its column is the row's own vertex (global ids), a neighbour otherwise.
     Every row of a block holds all of its in-edges, so the per-row neighbour count is exact; a vertex without
-    neighbours has mean 0.
+    neighbours has mean 0. (D^-1 A is not symmetric: over a symmetric block `gather_mean` scales after a
+    gather over A instead.)
     """
-    valid = adj.data != 0
-    is_self = valid & (adj.row_gids[adj.row_ids] == adj.col_gids[adj.indices])
-    neigh = (valid & ~is_self).astype(jnp.float32)
-    count = jax.ops.segment_sum(neigh, adj.row_ids, num_segments=adj.shape[0], indices_are_sorted=True)
-    mean = neigh / jnp.maximum(count, 1.0)[adj.row_ids]
-    return _with_values(adj, is_self.astype(jnp.float32)), _with_values(adj, mean)
+    sel, neigh, count, rows = _self_and_neighbours(adj)
+    return _with_values(adj, sel), _with_values(adj, neigh / count[rows])
+
+
+def _self_and_mean(adj: Adjacency, x_self: jax.Array, x_neigh: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """(S x_self, D^-1 A x_neigh). Over a symmetric block D^-1 is applied after gathering over the symmetric 0/1
+    neighbour matrix, so the VJP gathers over that matrix (its own transpose) and scales first."""
+    sel, neigh, count, rows = _self_and_neighbours(adj)
+    if adj.symmetric:
+        return gather(_with_values(adj, sel), x_self), gather(_with_values(adj, neigh), x_neigh) / count[:, None]
+    return gather(_with_values(adj, sel), x_self), gather(_with_values(adj, neigh / count[rows]), x_neigh)
 
 
 def gather_mean(adj: Adjacency, x: jax.Array, aggregator: str) -> jax.Array:
@@ -187,23 +251,32 @@ def gather_mean(adj: Adjacency, x: jax.Array, aggregator: str) -> jax.Array:
     "mean-add": x_self[:, :F/2] + mean(x_N)[:, F/2:] (AV before GA: x = [h W_self, h W_neigh]).
     Both are linear in x, so the VJP is `gather_mean_transpose`, through `gather`'s.
     """
-    s, m = mean_self_split(adj)
     if aggregator == "mean-concat":
-        return jnp.concatenate([gather(s, x), gather(m, x)], axis=-1)
+        return jnp.concatenate(_self_and_mean(adj, x, x), axis=-1)
     if aggregator == "mean-add":
         f = x.shape[-1] // 2
-        return gather(s, x[:, :f]) + gather(m, x[:, f:])
+        a, b = _self_and_mean(adj, x[:, :f], x[:, f:])
+        return a + b
     raise ValueError(f"unknown aggregator {aggregator!r} (sum, mean-concat, mean-add)")
+
+
+def _self_and_mean_transpose(adj: Adjacency, g_self: jax.Array, g_mean: jax.Array):
+    """(Sᵀ g_self, (D^-1 A)ᵀ g_mean) without forward inputs; over a symmetric block (D^-1 A)ᵀ = A D^-1."""
+    sel, neigh, count, rows = _self_and_neighbours(adj)
+    s = _with_values(adj, sel)
+    if adj.symmetric:
+        return gather_transpose(s, g_self), gather_transpose(_with_values(adj, neigh), g_mean / count[:, None])
+    return gather_transpose(s, g_self), gather_transpose(_with_values(adj, neigh / count[rows]), g_mean)
 
 
 def gather_mean_transpose(adj: Adjacency, g: jax.Array, aggregator: str) -> jax.Array:
     """∇GA of `gather_mean`: Sᵀ and (D^-1 A)ᵀ over the precomputed transpose, no forward inputs needed."""
-    s, m = mean_self_split(adj)
     if aggregator == "mean-concat":
         f = g.shape[-1] // 2
-        return gather_transpose(s, g[:, :f]) + gather_transpose(m, g[:, f:])
+        a, b = _self_and_mean_transpose(adj, g[:, :f], g[:, f:])
+        return a + b
     if aggregator == "mean-add":
-        return jnp.concatenate([gather_transpose(s, g), gather_transpose(m, g)], axis=-1)
+        return jnp.concatenate(_self_and_mean_transpose(adj, g, g), axis=-1)
     raise ValueError(f"unknown aggregator {aggregator!r} (sum, mean-concat, mean-add)")
 
 

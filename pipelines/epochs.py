@@ -21,7 +21,7 @@ from ops.sparse import Adjacency
 from pipelines import rundir
 from pipelines.config import TrainConfig
 from pipelines.data.features import normalize_features
-from pipelines.data.graph import Graph, gcn_normalize
+from pipelines.data.graph import Graph, gcn_normalize, locality_order, permute_symmetric, release_free_memory
 
 #: an epoch's accuracy columns when the driver skips evaluation (benchmarks time the pipeline alone)
 NO_EVALUATION = {"train_acc": None, "val_acc": 0.0, "val_loss": 0.0, "test_acc": None}
@@ -66,8 +66,18 @@ class DeviceGraph(NamedTuple):
 def device_graph(cfg: TrainConfig, graph: Graph) -> DeviceGraph:
     """The model's inputs (`model_inputs`) and the graph's labels and masks as device arrays."""
     x, a = model_inputs(cfg, graph)
-    masks = tuple(jnp.asarray(m) for m in (graph.train_mask, graph.val_mask, graph.test_mask))
-    return DeviceGraph(Adjacency.from_scipy(a).to_device(), jnp.asarray(x), jnp.asarray(graph.labels), masks)
+    labels, masks = graph.labels, (graph.train_mask, graph.val_mask, graph.test_mask)
+    perm = locality_order(graph.adj)
+    if perm is not None:
+        # Vertices renumbered for the gather's locality; the row ids (global ids) keep the original numbering,
+        # so dropout draws the same masks and only summation orders change.
+        a = permute_symmetric(a, perm)
+        x, labels, masks = x[perm], labels[perm], tuple(m[perm] for m in masks)
+    # GCN's and GraphSAGE's Â is symmetric with fixed values: its own transpose. GAT's values are attention.
+    adj = Adjacency.from_scipy(a, row_gids=perm, col_gids=perm, symmetric=cfg.model != "gat")
+    del a
+    release_free_memory()
+    return DeviceGraph(adj.to_device(), jnp.asarray(x), jnp.asarray(labels), tuple(jnp.asarray(m) for m in masks))
 
 
 class Evaluator:

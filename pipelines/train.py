@@ -14,7 +14,7 @@ from ops.optim import dropout_seeds, make_optimizer
 from ops.spec import ModelSpec
 from pipelines import rundir
 from pipelines.config import TrainConfig
-from pipelines.data.graph import Graph
+from pipelines.data.graph import Graph, release_free_memory
 from pipelines.epochs import (EarlyStopping, Evaluator, TrainResult, device_graph, model_inputs,  # noqa: F401
                               progress, summary_head, write_result)
 
@@ -73,6 +73,7 @@ def train(cfg: TrainConfig, graph: Graph, out: Path | None = None, show_progress
             dt = time.perf_counter() - t0
             if epoch == 0:
                 jit_s = dt  # the first step compiles; epoch_s below excludes it on later epochs
+                release_free_memory()   # the compiler's freed heap, before later peaks stand on it
             row = {"epoch": epoch, "loss": loss, **evaluator.on(g, params), "epoch_s": dt}
             history.append(row)
             if log:

@@ -127,6 +127,11 @@ def test_direct_shards_partition_by_destination_and_verify(prepared):
         assert keys == sorted(keys)
     g = shards.load_graph(d / "out", name="t")
     assert g.num_nodes == N and g.feature_dim == F and g.num_classes == C
+    # streamed into place: the same graph as the whole-table reader
+    want = shards.load_prepared(d / "out")
+    assert (g.adj != want.adj).nnz == 0 and np.array_equal(g.adj.indices, want.adj.indices)
+    for got, ref in zip((g.features, g.labels, g.train_mask, g.val_mask, g.test_mask), want[1:6]):
+        np.testing.assert_array_equal(got, ref)
     assert no_leftovers(d)
     # a changed shard is detected by its sha256
     victim = d / "out" / manifest["partitions"][1]["vertices"]

@@ -20,7 +20,7 @@ import pyarrow.parquet as pq
 import scipy.sparse as sp
 
 from pipelines.data.features import FeatureStats, norm_from_stats
-from pipelines.data.graph import DataError, clean_adjacency, make_graph
+from pipelines.data.graph import DataError, clean_adjacency, make_graph, release_free_memory
 from pipelines.data.registry import sha256_file
 from schemas.files import (MANIFEST_FILE, PREPARED_FORMAT, PREPARED_FORMAT_VERSIONS, SPLIT_CODES, SPLIT_NAMES,
                            validate_manifest)
@@ -189,14 +189,105 @@ def partition_assignment(root: str | os.PathLike, verify: bool = True) -> np.nda
 
 
 def load_graph(root: str | os.PathLike, name: str | None = None, verify: bool = True):
-    """The prepared graph as the project's :class:`pipelines.data.graph.Graph` (via ``make_graph``)."""
-    edges, vertices, manifest, n = _columns(root, verify)
-    src, dst = _edge_list(edges)
-    del edges
-    features, labels, masks = _vertex_arrays(vertices, manifest, n)
+    """The prepared graph as the project's :class:`pipelines.data.graph.Graph`.
+
+    Streamed into place: the adjacency is built from the edge shards' (dst, src) columns a record batch at a time
+    (two passes: degrees, then indices; the weights are not read), and every vertex shard's features, labels
+    and split are written into preallocated arrays, so the graph costs its final arrays and one batch beside
+    them (``make_graph`` then checks the features, labels and masks as for every other source)."""
+    manifest = read_manifest(root)
+    n = int(manifest["num_vertices"])
+    adj = _adjacency_from_shards(root, manifest, n, verify)
+    features, labels, masks = _vertex_arrays_streamed(root, manifest, n, verify)
+    release_free_memory()
     num_classes = manifest.get("num_classes") or None
-    return make_graph(name or manifest.get("name") or os.path.basename(os.path.abspath(root)), src, dst, features,
-                      labels, *masks, num_classes=num_classes)
+    return make_graph(name or manifest.get("name") or os.path.basename(os.path.abspath(root)), None, None,
+                      features, labels, *masks, num_classes=num_classes, adj=adj)
+
+
+EDGE_BATCH = 1 << 22   # rows per record batch when the edge shards are streamed
+
+
+def _edge_batches(root, manifest: dict, verify: bool):
+    """(dst, src) int64 arrays of every stored entry without the self-loops, a record batch at a time."""
+    for entry in sorted(manifest["partitions"], key=lambda e: e["partition"]):
+        path = _check_shard(root, entry, "edges", verify)
+        pf = pq.ParquetFile(path)
+        if pf.metadata.num_rows != entry["num_edges"]:
+            raise ShardError(f"{path}: {pf.metadata.num_rows} rows, the manifest says {entry['num_edges']}")
+        for batch in pf.iter_batches(columns=["dst", "src"], batch_size=EDGE_BATCH):
+            dst = batch.column(0).to_numpy()
+            src = batch.column(1).to_numpy()
+            keep = src != dst
+            yield dst[keep], src[keep]
+
+
+def _adjacency_from_shards(root, manifest: dict, n: int, verify: bool) -> sp.csr_matrix:
+    """The binary symmetric CSR (Graph convention) of the stored entries. Each entry's row is its dst; a
+    partition's shard is sorted by (dst, src) and owns its dst rows, so indices arrive sorted row by row."""
+    deg = np.zeros(n, np.int64)
+    out_deg = np.zeros(n, np.int64)
+    for dst, src in _edge_batches(root, manifest, verify):
+        if dst.size and (min(dst.min(), src.min()) < 0 or max(dst.max(), src.max()) >= n):
+            raise ShardError(f"{root}: an edge shard names a vertex outside [0, {n})")
+        deg += np.bincount(dst, minlength=n)
+        out_deg += np.bincount(src, minlength=n)
+    if not np.array_equal(deg, out_deg):   # both directions of every edge are stored
+        raise ShardError(f"{root}: the edge shards are not symmetric (vertex {int(np.flatnonzero(deg != out_deg)[0])} "
+                         f"has {int(deg[deg != out_deg][0])} in- and {int(out_deg[deg != out_deg][0])} out-entries)")
+    del out_deg
+    nnz = int(deg.sum())
+    itype = np.int64 if nnz > np.iinfo(np.int32).max else np.int32
+    indptr = np.zeros(n + 1, itype)
+    np.cumsum(deg, out=indptr[1:])
+    del deg
+    indices = np.empty(nnz, np.int32)
+    fill = indptr[:-1].astype(np.int64)
+    for dst, src in _edge_batches(root, manifest, verify):
+        if dst.size > 1 and not (dst[1:] >= dst[:-1]).all():
+            order = np.argsort(dst, kind="stable")
+            dst, src = dst[order], src[order]
+        if not dst.size:
+            continue
+        starts = np.flatnonzero(np.concatenate([[True], dst[1:] != dst[:-1]]))
+        runs = np.diff(np.append(starts, dst.size))
+        heads = dst[starts]
+        pos = np.repeat(fill[heads] - starts, runs) + np.arange(dst.size)
+        indices[pos] = src
+        fill[heads] += runs
+    if not np.array_equal(fill, indptr[1:]):
+        raise ShardError(f"{root}: the edge shards changed while they were read")
+    a = sp.csr_matrix((np.ones(nnz, np.float32), indices, indptr), shape=(n, n))
+    a.sort_indices()   # in place; a no-op on shards written by prepare (sorted by (dst, src))
+    return a
+
+
+def _vertex_arrays_streamed(root, manifest: dict, n: int, verify: bool):
+    """(features [N, F] float32, labels [N] int32, (train, val, test) masks), each shard's rows placed by id."""
+    f = int(manifest.get("feature_dim", 0))
+    features = np.zeros((n, f), np.float32)
+    labels = np.full(n, -1, np.int32)
+    split = np.full(n, SPLIT_CODES["none"], np.int8)
+    seen = np.zeros(n, bool)
+    columns = ["vertex", "label", "split"] + (["features"] if f > 0 else [])
+    for entry in manifest["partitions"]:
+        path = _check_shard(root, entry, "vertices", verify)
+        pf = pq.ParquetFile(path)
+        if pf.metadata.num_rows != entry["num_vertices"]:
+            raise ShardError(f"{path}: {pf.metadata.num_rows} rows, the manifest says {entry['num_vertices']}")
+        for batch in pf.iter_batches(columns=columns, batch_size=EDGE_BATCH // max(f, 1)):
+            ids = batch.column(0).to_numpy()
+            if ids.size and (ids.min() < 0 or ids.max() >= n or seen[ids].any()):
+                raise ShardError(f"{root}: the vertex shards do not hold every vertex 0..{n - 1} exactly once")
+            seen[ids] = True
+            labels[ids] = batch.column(1).to_numpy()
+            split[ids] = batch.column(2).to_numpy()
+            if f > 0:
+                col = batch.column(3)
+                features[ids] = col.flatten().to_numpy(zero_copy_only=False).reshape(len(col), f)
+    if not seen.all():
+        raise ShardError(f"{root}: the vertex shards do not hold every vertex 0..{n - 1} exactly once")
+    return features, labels, [np.asarray(split == SPLIT_CODES[name]) for name in SPLIT_NAMES]
 
 
 def feature_norm_of(root: str | os.PathLike, mode: str, manifest: dict | None = None) -> str:

@@ -16,6 +16,7 @@ import numpy as np
 from pipelines.data.graph import DataError, Graph, make_graph
 from pipelines.data.splits import per_class_split
 
+SAMPLE_CHUNK = 1 << 24   # pairs drawn per step by _distinct_edges
 TRAIN_PER_CLASS = 20
 VAL_PER_CLASS = 30
 
@@ -51,19 +52,24 @@ def _distinct_edges(
         if need <= 0:
             break
         k = int(need / max(yield_rate, 0.02) * 1.1) + 16
-        u, v = sample(k)
-        u, v = u.astype(np.int64), v.astype(np.int64)
-        lo, hi = np.minimum(u, v), np.maximum(u, v)
-        ok = lo != hi
+        fresh = [keys]
+        for start in range(0, k, SAMPLE_CHUNK):   # in chunks: the per-draw temporaries stay small beside the keys
+            u, v = sample(min(SAMPLE_CHUNK, k - start))
+            lo, hi = np.minimum(u, v), np.maximum(u, v)
+            ok = lo != hi
+            fresh.append(lo[ok].astype(np.int64) * num_nodes + hi[ok])
+            del u, v, lo, hi, ok
         before = keys.size
-        keys = _sorted_unique(np.concatenate([keys, lo[ok] * num_nodes + hi[ok]]))
+        keys = _sorted_unique(np.concatenate(fresh))
+        del fresh
         yield_rate = (keys.size - before) / k
     else:
         if keys.size < num_edges:
             raise DataError(f"could only draw {keys.size} of {num_edges} distinct edges; ask for fewer edges")
     if keys.size > num_edges:
         keys = np.sort(rng.choice(keys, num_edges, replace=False))
-    return keys // num_nodes, keys % num_nodes
+    itype = np.int32 if num_nodes <= np.iinfo(np.int32).max else np.int64
+    return (keys // num_nodes).astype(itype), (keys % num_nodes).astype(itype)
 
 
 def _quadrant_tables(probs: np.ndarray, levels: int) -> tuple[np.ndarray, np.ndarray]:
@@ -143,9 +149,30 @@ def rmat(
         raise DataError(f"R-MAT probabilities must be >= 0 and sum to <= 1, got a={a} b={b} c={c}")
     if feature_dim < 1 or num_classes < 1:
         raise DataError(f"feature_dim and num_classes must be >= 1, got {feature_dim}, {num_classes}")
+    rng = np.random.default_rng(seed)
+    src, dst, n = _rmat_pairs(rng, scale, num_edges, num_nodes, a, b, c, edge_factor)
+    features = rng.standard_normal((n, feature_dim), dtype=np.float32)
+    labels = rng.integers(0, num_classes, size=n, dtype=np.int32)
+    train, val, test = per_class_split(labels, num_classes, train_per_class, val_per_class, rng)
+    name = name or f"rmat-{n}-{src.size}"
+    return make_graph(name, src, dst, features, labels, train, val, test, num_classes=num_classes)
+
+
+def rmat_edges(scale: int | None = None, num_edges: int | None = None, *, num_nodes: int | None = None,
+               a: float = 0.57, b: float = 0.19, c: float = 0.19, seed: int = 0,
+               edge_factor: int = 16) -> tuple[np.ndarray, np.ndarray, int]:
+    """The edges of `rmat(...)` with the same arguments, without building the graph: (src, dst, num_nodes),
+    one entry per distinct undirected edge (int32 ids), for writing edge files of graphs too large to hold
+    as a Graph and its temporaries."""
+    if min(a, b, c, 1.0 - a - b - c) < 0:
+        raise DataError(f"R-MAT probabilities must be >= 0 and sum to <= 1, got a={a} b={b} c={c}")
+    return _rmat_pairs(np.random.default_rng(seed), scale, num_edges, num_nodes, a, b, c, edge_factor)
+
+
+def _rmat_pairs(rng, scale, num_edges, num_nodes, a, b, c, edge_factor):
+    d = 1.0 - a - b - c
     bits, n = _resolve_nodes(scale, num_nodes)
     m = edge_factor * n if num_edges is None else int(num_edges)
-    rng = np.random.default_rng(seed)
     probs = np.array([a, b, c, d])
     two_u, two_v = _quadrant_tables(probs, 2)
     one_u, one_v = _quadrant_tables(probs, 1)
@@ -167,13 +194,8 @@ def rmat(
         return u, v
 
     src, dst = _distinct_edges(sample, m, n, rng)
-    perm = rng.permutation(n)
-    src, dst = perm[src], perm[dst]
-    features = rng.standard_normal((n, feature_dim), dtype=np.float32)
-    labels = rng.integers(0, num_classes, size=n, dtype=np.int32)
-    train, val, test = per_class_split(labels, num_classes, train_per_class, val_per_class, rng)
-    name = name or f"rmat-{n}-{m}"
-    return make_graph(name, src, dst, features, labels, train, val, test, num_classes=num_classes)
+    perm = rng.permutation(n).astype(src.dtype)
+    return perm[src], perm[dst], n
 
 
 def planted_partition(
