@@ -105,6 +105,9 @@ class LocalLauncher:
         self.log_dir = Path(log_dir)
         self.procs: dict[str, subprocess.Popen] = {}
         self.finished: set[str] = set()   # roles allowed to exit (they sent FINAL)
+        # Roles sent STOP may exit cleanly before the driver has read their FINAL (it is acked, but still in
+        # flight to the driver's poll): a 0 exit then is no failure; a FINAL that never comes times out.
+        self.stopping: set[str] = set()
 
     def start(self) -> None:
         self.log_dir.mkdir(parents=True, exist_ok=True)
@@ -133,7 +136,7 @@ class LocalLauncher:
             rc = p.poll()
             if rc is None:
                 continue
-            if rc == 0 and role in self.finished:
+            if rc == 0 and (role in self.finished or role in self.stopping):
                 continue
             log = self.log_dir / f"{role}.log"
             detail = f": {_last_line(log)}" if rc > 0 else ""
@@ -392,9 +395,13 @@ class KafkaRun:
         self.t_shutdown = time.perf_counter()
         role_names = ["param-server", *(f"graph-server-{p}" for p in range(partitions))]
         worker_names = [f"tensor-worker-{k}" for k in range(self.workers)]
+        if self.launcher is not None:
+            self.launcher.stopping.update(worker_names)
         self._stop(worker_control_partition(partitions))
         self.transport.flush()
         self._wait_finals(worker_names, FINAL_TIMEOUT_S)
+        if self.launcher is not None:
+            self.launcher.stopping.update(role_names)
         for p in range(partitions):
             self._stop(p)
         self.transport.flush()

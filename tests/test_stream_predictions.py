@@ -62,7 +62,9 @@ def test_rounds_compile_per_bucket_and_predictions_equal_forward(kafka_bootstrap
     growths = [r["bucket_growths"] for r in rows]
     assert growths == [1, 1, 2, 2], rows
     assert rows[1]["compiles"] == 0 and rows[3]["compiles"] == 0, [r["compiles"] for r in rows]
-    assert 0 < rows[2]["compiles"] <= rows[0]["compiles"]
+    # Round 1's own count depends on what earlier tests in this process already compiled (primitive caches), so
+    # the growth round is bounded absolutely: its step, evaluation and forward (and their helpers) once each.
+    assert 0 < rows[2]["compiles"] <= 16, [r["compiles"] for r in rows]
     assert rows[2]["capacity_nodes"] > 70 > rows[0]["capacity_nodes"]
 
     c = kafka_io.consumer(kafka_bootstrap)

@@ -453,7 +453,10 @@ do_start() {
     if [[ -n "$SCRAM" ]]; then
       scram_args=(--add-scram "SCRAM-SHA-512=[name=${SCRAM%%:*},password=${SCRAM#*:}]")
     fi
-    cluster_id="$("$PYTHON" -c 'import base64, uuid; print(base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("="))')"
+    cluster_id="$("$PYTHON" -c 'import base64, uuid
+# as Kafka'"'"'s own Uuid.randomUuid: an id that starts with "-" reads as an option to kafka-storage
+while (i := base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")).startswith("-"): pass
+print(i)')"
     if ! java_cmd kafka.tools.StorageTool format -t "$cluster_id" -c "$PROPS" --ignore-formatted \
           ${scram_args[@]+"${scram_args[@]}"} >>"$LOG_FILE" 2>&1; then
       tail -n 30 "$LOG_FILE" >&2

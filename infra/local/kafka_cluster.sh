@@ -280,7 +280,10 @@ cluster_start() {
   fi
   # one cluster id for every node; storage formatted once per data dir (kept data survives restarts)
   local cluster_id=""
-  [[ -f "$STATE_DIR/cluster-id" ]] || "$PYTHON" -c 'import base64, uuid; print(base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("="))' >"$STATE_DIR/cluster-id"
+  [[ -f "$STATE_DIR/cluster-id" ]] || "$PYTHON" -c 'import base64, uuid
+# as Kafka'"'"'s own Uuid.randomUuid: an id that starts with "-" reads as an option to kafka-storage
+while (i := base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")).startswith("-"): pass
+print(i)' >"$STATE_DIR/cluster-id"
   cluster_id="$(cat "$STATE_DIR/cluster-id")"
   local -a started=() formats=()
   local nd
