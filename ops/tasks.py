@@ -36,6 +36,24 @@ def _stage_call(stage: Stage):
     return f
 
 
+def _vjp_wrt(f, wrt_inputs: tuple[str, ...]):
+    """jit(g(params, inputs, a, b, out_grads) -> (param_grads, input_grads)) for f(params, inputs, a, b): the VJP
+    with respect to the params and the inputs named in wrt_inputs only (the others are held constant)."""
+
+    def g(p, inputs, a, b, out_grads):
+        const = {k: v for k, v in inputs.items() if k not in wrt_inputs}
+        var = {k: v for k, v in inputs.items() if k in wrt_inputs}
+
+        def h(p, var):
+            out = f(p, {**const, **var}, a, b)
+            return {k: out[k] for k in out_grads}
+
+        _, pullback = jax.vjp(h, p, var)
+        return pullback(out_grads)
+
+    return jax.jit(g)
+
+
 @functools.lru_cache(maxsize=None)
 def forward_fn(stage: Stage, train: bool = True):
     """jit(f(params, inputs, block, seed) -> outputs) for one stage (AV, AE or GA)."""
@@ -52,20 +70,7 @@ def backward_fn(stage: Stage, wrt_inputs: tuple[str, ...]):
     wrt_inputs names the inputs whose gradient is needed; the others (features, say) are held constant, so no
     work is spent on gradients nobody reads (∇GA of the first layer over the input features, for one).
     """
-    f = _stage_call(stage)
-
-    def g(p, inputs, adj, seed, out_grads):
-        const = {k: v for k, v in inputs.items() if k not in wrt_inputs}
-        var = {k: v for k, v in inputs.items() if k in wrt_inputs}
-
-        def h(p, var):
-            out = f(p, {**const, **var}, adj, seed)
-            return {k: out[k] for k in out_grads}
-
-        _, pullback = jax.vjp(h, p, var)
-        return pullback(out_grads)
-
-    return jax.jit(g)
+    return _vjp_wrt(_stage_call(stage), wrt_inputs)
 
 
 @functools.lru_cache(maxsize=None)
@@ -123,20 +128,7 @@ def chain_forward_fn(stages: tuple[Stage, ...]):
 def chain_backward_fn(stages: tuple[Stage, ...], wrt_inputs: tuple[str, ...]):
     """jit(g(params, inputs, rows, seeds, out_grads) -> (param_grads by stage, input_grads)) for fused AV stages:
     the VJP of the whole chain, its intermediates recomputed from the chain's input."""
-    f = _chain_call(stages)
-
-    def g(p, inputs, rows, seeds, out_grads):
-        const = {k: v for k, v in inputs.items() if k not in wrt_inputs}
-        var = {k: v for k, v in inputs.items() if k in wrt_inputs}
-
-        def h(p, var):
-            out = f(p, {**const, **var}, rows, seeds)
-            return {k: out[k] for k in out_grads}
-
-        _, pullback = jax.vjp(h, p, var)
-        return pullback(out_grads)
-
-    return jax.jit(g)
+    return _vjp_wrt(_chain_call(stages), wrt_inputs)
 
 
 @functools.lru_cache(maxsize=None)
