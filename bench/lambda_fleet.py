@@ -5,9 +5,11 @@ model's figure for the same run. JSON lines:
   emulators (`infra/local/lambda.sh start --workers W --warm`): ``runtime_gb_s`` (sum over this run's
   invocations of Billed Duration x Memory Size from the emulators' logs), ``cost_model_gb_s`` (what the cost
   model bills: the duration each runtime timed itself, invocation start to handler end, rounded up to 1 ms,
-  plus the init phase when cold, x memory; ``timed_by_runtime`` of the invocations were, the others billed
-  their exchange),
-  ``ratio`` = runtime / cost model, invocations, retries, seconds, and the machine's load average at the start;
+  plus the init phase when cold, plus what the runtime did after the handler returned (its post of the
+  response, timed by the runtime and reported in its next response; estimated by the run's mean for each
+  instance's latest invocation), x memory; ``timed_by_runtime`` of the invocations were, the others billed
+  their exchange), ``cost_model_same_invocations_gb_s`` (the same over the invocations with a REPORT line),
+  ``ratio`` = runtime / cost model over the same invocations, invocations, retries, seconds, and the machine's load average at the start;
 - ``{"bench": "lambda_fleet.summary", ...}``: the median ratio over the repeats, and the local pool's cost-model
   GB-seconds for the same config (busy time of each task in this process).
 
@@ -67,6 +69,8 @@ def main(argv=None) -> int:
             ratios.append(rr["ratio_to_cost_model"])
             emit({"bench": "lambda_fleet.gb_s", "repeat": r, "workers": args.workers, "epochs": args.epochs,
                   "runtime_gb_s": rr["lambda_gb_s"], "cost_model_gb_s": rr["cost_model_lambda_gb_s"],
+                  "cost_model_same_invocations_gb_s": rr["cost_model_same_invocations_gb_s"],
+                  "post_timed": st.get("billed_after_measured"), "post_estimated": st.get("billed_after_estimated"),
                   "ratio": rr["ratio_to_cost_model"], "invocations": st["invocations"],
                   "reported": rr["invocations"], "timed_by_runtime": st.get("billed_runtime_timed"),
                   "retries": st["retries"], "seconds": res.summary["seconds"],

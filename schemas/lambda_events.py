@@ -31,8 +31,11 @@ Response::
 
 ``stats`` (both): ``handler_s`` (the handler's own time), ``encode_s`` (its JSON encoding of the response, which
 the runtime repeats after it returns), ``runtime_s`` (the invocation as Lambda bills it: from its start, when the
-runtime's deadline tells it, to the handler's end, plus ``encode_s``) and, on a cold start, ``init_s`` (the
-handler module's import); :func:`billed_ms` turns them into the billed duration where no REPORT line is at hand.
+runtime's deadline tells it, to the handler's end, plus ``encode_s`` where the runtime's post is not timed) and,
+on a cold start, ``init_s`` (the handler module's import); :func:`billed_ms` turns them into the billed duration
+where no REPORT line is at hand. Inside awslambdaric the handler also times the runtime's marshalling and post of
+each response and reports it in the next response of the same instance, ``prev_invocation`` = {``request_id``,
+``runtime_s``, ``after_s``}; :func:`billed_after` adds it to that invocation's bill.
 
 ``result`` is a tensor_batch with the arrays for the graph server (``h``/``alpha``, ``dh``, ``d_<input>``);
 ``grads`` a gradients message (parameter gradients, keys ``stage/param``) when the task has any. Both come
@@ -239,6 +242,22 @@ def billed_ms(resp: Any) -> int | None:
     if isinstance(init, (int, float)) and init > 0:
         ms += math.ceil(float(init) * 1000.0)
     return ms
+
+
+def billed_after(resp: Any) -> tuple[str, int] | None:
+    """(request id, ms) that the runtime's work after its handler returned (marshalling and posting the
+    response, which the handler cannot time) adds to the bill of the instance's previous invocation, from
+    ``stats.prev_invocation`` of this response: ceil(runtime_s + after_s) - ceil(runtime_s), in ms, the same
+    rounding as :func:`billed_ms`; None when the response carries none."""
+    stats = resp.get("stats") if isinstance(resp, Mapping) else None
+    prev = stats.get("prev_invocation") if isinstance(stats, Mapping) else None
+    if not isinstance(prev, Mapping) or not isinstance(prev.get("request_id"), str):
+        return None
+    rt, after = prev.get("runtime_s"), prev.get("after_s")
+    if not isinstance(rt, (int, float)) or not isinstance(after, (int, float)) or rt < 0 or after < 0:
+        return None
+    ms = max(1, math.ceil(float(rt) * 1000.0))
+    return prev["request_id"], max(1, math.ceil((float(rt) + float(after)) * 1000.0)) - ms
 
 
 def response_size(resp: Mapping) -> int:

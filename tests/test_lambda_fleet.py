@@ -90,6 +90,10 @@ def test_cora_over_four_emulators_equals_local_pool(fleet_env):
     assert r.summary["cost"]["usage"]["lambda_billed_ms"] == st["billed_ms"]
     # no log tail from the emulator: the cost model bills what each runtime timed itself
     assert st["billed_runtime_timed"] == st["invocations"] and st["billed_estimated"] == 0, st
+    # each runtime timed its post of every response but its latest, and the next response reported it
+    assert st["billed_after_measured"] + st["billed_after_estimated"] == st["invocations"], st
+    assert st["billed_after_estimated"] <= 4, st
+    assert st["runtime_reports"]["cost_model_invocations"] == rr["invocations"]
 
 
 def test_billed_ms_from_the_runtime_timing():
@@ -99,6 +103,18 @@ def test_billed_ms_from_the_runtime_timing():
     assert lambda_events.billed_ms({"ok": False, "stats": {"runtime_s": 0.0041, "init_s": 1.2001}}) == 5 + 1201
     assert lambda_events.billed_ms({"errorType": "Runtime.ExitError"}) is None
     assert lambda_events.billed_ms(None) is None
+
+
+def test_post_handler_time_is_billed_to_the_previous_invocation():
+    """What the runtime did after the handler returned, reported by the next response: the same rounding."""
+    resp = {"ok": True, "stats": {"runtime_s": 0.02, "prev_invocation": {"request_id": "r1", "runtime_s": 0.0123,
+                                                                          "after_s": 0.0031}}}
+    assert lambda_events.billed_after(resp) == ("r1", 16 - 13)
+    prev = resp["stats"]["prev_invocation"]
+    assert lambda_events.billed_after({"stats": {"prev_invocation": {**prev, "after_s": 0.0}}}) == ("r1", 0)
+    for bad in ({**prev, "after_s": -1.0}, {**prev, "request_id": 7}, {"request_id": "r1", "runtime_s": 0.01}):
+        assert lambda_events.billed_after({"stats": {"prev_invocation": bad}}) is None
+    assert lambda_events.billed_after({"stats": {}}) is None and lambda_events.billed_after(None) is None
 
 
 def test_runtime_process_death_is_retried_and_counted(fleet_env):

@@ -138,6 +138,8 @@ class AwsLambdaPool(QueuedPool):
         self._clients_by_ep: list = []
         self._tls = threading.local()
         self.reports: lambda_fleet.RuntimeReports | None = None
+        self._timed_rids: set[str] = set()        # billed by their runtime's timing, the post after it not yet
+        self._billed_by_rid: dict[str, int] = {}  # with a fleet's REPORT lines: the cost model's ms per invocation
 
     @classmethod
     def from_config(cls, cfg, transport, model_spec: dict) -> "AwsLambdaPool":
@@ -456,10 +458,11 @@ class AwsLambdaPool(QueuedPool):
             return r, body, time.monotonic() - (self._tls.sent_at or t0)
 
         if self._eps is None:
+            self._tls.last_request_id = None
             return call(self.lam)
         i = self._eps.acquire()
         rid = str(uuid.uuid4())
-        self._tls.request_id = rid
+        self._tls.request_id = self._tls.last_request_id = rid
         reachable = False
         try:
             out = call(self._clients_by_ep[i])
@@ -499,6 +502,7 @@ class AwsLambdaPool(QueuedPool):
             billed, how = events.billed_ms(resp), "billed_runtime_timed"
         if billed is None:  # no REPORT line, no timing from the runtime: the exchange, rounded up to 1 ms
             billed, how = max(1, int(np.ceil(rtt * 1000))), "billed_estimated"
+        rid = getattr(self._tls, "last_request_id", None)
         with self._lock:
             self.counters["invocations"] += 1
             self.counters["bytes_sent"] += sent
@@ -507,6 +511,32 @@ class AwsLambdaPool(QueuedPool):
             self.counters["billed_ms"] += billed
             if mem:
                 self.memory_mb = mem
+            if rid is not None and how == "billed_runtime_timed":
+                self._timed_rids.add(rid)
+                if self.reports is not None:
+                    self._billed_by_rid[rid] = billed
+            self._bill_after(resp)
+
+    def _bill_after(self, resp) -> None:
+        """Add to the instance's previous invocation what its runtime did after the handler returned, as this
+        response reports it (`schemas.lambda_events.billed_after`); only invocations of this run billed by their
+        runtime's timing, each once. Under the lock."""
+        after = events.billed_after(resp)
+        if after is None or after[0] not in self._timed_rids:
+            return
+        rid, ms = after
+        self._timed_rids.discard(rid)
+        self.counters["billed_ms"] += ms
+        self.counters["billed_after_measured"] += 1
+        self.counters["billed_after_ms"] += ms
+        if rid in self._billed_by_rid:
+            self._billed_by_rid[rid] += ms
+
+    def _after_estimate_ms(self, c: dict) -> float:
+        """The mean measured post-handler ms of this run: the estimate for invocations whose post is not
+        reported yet (each instance's latest one)."""
+        n = c.get("billed_after_measured", 0)
+        return c.get("billed_after_ms", 0) / n if n else 0.0
 
     def _account_handler_s3(self, event: dict, resp: dict) -> None:
         """S3 requests the function made: GET of an S3 input, GET of uncached S3 weights, PUT of outputs."""
@@ -579,10 +609,21 @@ class AwsLambdaPool(QueuedPool):
                                             "s3_puts", "s3_gets", "s3_bytes_put", "s3_bytes_get", "bytes_sent",
                                             "bytes_received")})
         st["function_error_types"] = {k.split(":", 1)[1]: v for k, v in c.items() if k.startswith("function_error:")}
+        with self._lock:
+            pending = set(self._timed_rids) if c.get("billed_after_measured") else set()
+            by_rid = dict(self._billed_by_rid)
+        est = self._after_estimate_ms(c)
+        st["billed_after_measured"] = c.get("billed_after_measured", 0)
+        st["billed_after_estimated"] = len(pending)
+        st["billed_ms"] = c.get("billed_ms", 0) + round(len(pending) * est)
         if self._eps is not None:
             st["endpoints"] = self._eps.stats()
         if self.reports is not None:
             rep = st["runtime_reports"] = self.reports.summary()
+            # the cost model's figure over exactly the invocations whose REPORT line was read
+            same = [by_rid[r] + (est if r in pending else 0.0) for r in self.reports.reported() if r in by_rid]
+            rep["cost_model_billed_ms"] = sum(same)
+            rep["cost_model_invocations"] = len(same)
             if self.memory_mb is None and isinstance(rep["memory_mb"], int):
                 self.memory_mb = rep["memory_mb"]  # what the runtimes run with, as a log tail would say
         st.update(function=self.function, bucket=self.bucket, memory_mb=self.memory_mb, run_id=self.run_id)

@@ -198,8 +198,12 @@ class CostMeter:
             out["runtime_reported"] = {
                 "source": rr["source"], "lambda_gb_s": rr["gb_s"], "lambda_billed_ms": rr["billed_ms"],
                 "memory_mb": rr["memory_mb"], "invocations": rr["invocations_reported"], "unreported": rr["unreported"],
-                "cost_model_lambda_gb_s": u["lambda_gb_s"],
-                "ratio_to_cost_model": rr["gb_s"] / u["lambda_gb_s"] if u["lambda_gb_s"] else None}
+                "cost_model_lambda_gb_s": u["lambda_gb_s"]}
+            # the ratio over the same invocations: those with a REPORT line, as the cost model billed each
+            model_ms = rr.get("cost_model_billed_ms")
+            model_gb_s = lambda_gb_s(model_ms, u["lambda_memory_mb"]) if model_ms else u["lambda_gb_s"]
+            out["runtime_reported"].update(cost_model_same_invocations_gb_s=model_gb_s,
+                                           ratio_to_cost_model=rr["gb_s"] / model_gb_s if model_gb_s else None)
         if busy is not None:
             roles: dict[str, float] = {}
             for k, v in busy.items():

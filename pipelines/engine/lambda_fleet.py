@@ -150,6 +150,11 @@ class RuntimeReports:
                     init = math.ceil(float(m.group(2))) if m.group(2) else 0
                     self._seen[m.group(1)] = (float(m.group(4)) + init, int(m.group(5)))
 
+    def reported(self) -> list[str]:
+        """The request ids whose REPORT line has been read."""
+        with self._lock:
+            return list(self._seen)
+
     def summary(self, settle_s: float = 0.0) -> dict:
         """invocations sent and reported, billed ms, memory and GB-seconds (billed x memory, per invocation);
         settle_s: wait up to that long for REPORT lines not yet read (the run's final figure)."""
