@@ -84,7 +84,10 @@ def read_newest(bootstrap: str, topic: str, vertex: int, timeout_s: float = 10.0
                     hit = np.flatnonzero(t.column("vertex").to_numpy() == vertex)
                     if hit.size:
                         row = t.slice(int(hit[-1]), 1).to_pylist()[0]
-                        if best is None or row["model_version"] >= best["model_version"]:
+                        # the newest version, then the newest graph (a version is published again, before
+                        # the next one trains, for the vertices that changed since)
+                        if best is None or (row["model_version"], row["watermark"]) >= (best["model_version"],
+                                                                                         best["watermark"]):
                             best = row | {"offset": m.offset}
         return best
     finally:

@@ -168,7 +168,8 @@ class Stream(IngestMixin, PersistMixin):
         self.graph = StreamGraph(cfg.partitions, opts.feature_dim)
         self.round = 0
         self.version = 0
-        self.params: dict | None = None
+        self.params: dict | None = None          # the last round's weights (the next round warm-starts from them)
+        self.served: dict | None = None          # the weights of the newest version (what predictions use)
         self.opt_leaves: list | None = None
         self._treedef = None
         self.trainer = None
@@ -338,8 +339,10 @@ class Stream(IngestMixin, PersistMixin):
             train_labels.size >= (self.opts.min_train_labels or graph.num_classes)
             and classes >= min(self.opts.min_train_classes or graph.num_classes, graph.num_classes)))
         info = None
-        if graph.num_nodes and enough and ((outcome == APPLIED).any() or self.params is None):
-            info = self._train_round(graph, ids, k, cut, row, ingested0)
+        will_train = bool(graph.num_nodes and enough and ((outcome == APPLIED).any() or self.params is None))
+        rows, dg = self._prompt_predictions(graph, ids, cut, row, will_train)
+        if will_train:
+            info = self._train_round(graph, ids, k, cut, row, ingested0, rows, dg)
         else:
             row.update({"version": self.version if self.version else None, "engine": None})
         self.round = k
@@ -366,14 +369,28 @@ class Stream(IngestMixin, PersistMixin):
             self.on_round(row)
         self.last_round_end = time.monotonic()
 
-    def _train_round(self, graph, ids, k: int, cut, row: dict, ingested0: int) -> dict:
+    def _prompt_predictions(self, graph, ids, cut, row: dict, will_train: bool):
+        """Before the round trains: the predictions of the vertices whose k-hop neighbourhood changed, by the
+        newest version on the new graph, so users see an event's effect without waiting for the next version
+        (which publishes the same rows again). Returns those rows (None when not computed) and the device graph."""
+        if self._publisher is None or self.served is None or not self._touched and not self._refresh_predictions:
+            return None, None
+        if self.opts.predict == "none":
+            return None, None
+        rows = self._changed_rows(graph)
+        dg = self._round_trainer().device_graph(graph) if will_train or rows.size else None
+        if rows.size:
+            self._publish(graph, ids, rows, self.served, self.version, dg, cut, row, "prompt_")
+        return rows, dg
+
+    def _train_round(self, graph, ids, k: int, cut, row: dict, ingested0: int, rows=None, dg=None) -> dict:
         """Train the round, write and publish its version; fills the row; returns the version's info."""
         epochs = (self.opts.first_round_epochs or min(self.cfg.epochs, FIRST_ROUND_EPOCHS)) if self.params is None \
             else self.opts.round_epochs
         t1 = time.monotonic()
         self.training = True
         try:
-            result, engine, dg = self._train(graph, epochs, seed=self.cfg.seed + k - 1)
+            result, engine, dg = self._train(graph, epochs, seed=self.cfg.seed + k - 1, dg=dg)
         finally:
             self.training = False
         train_s = time.monotonic() - t1
@@ -383,6 +400,7 @@ class Stream(IngestMixin, PersistMixin):
         best = result.best_params if has_val and result.best_params is not None else result.params
         acc = result.summary if has_val else result.history[-1]
         self.params = result.params
+        self.served = best
         self.opt_leaves = self._flatten_opt(result.opt_state)
         self.version += 1
         version_ms = int(time.time() * 1000)
@@ -398,10 +416,15 @@ class Stream(IngestMixin, PersistMixin):
                     "ingest_during_training": ingested1 - ingested0,
                     "ingest_eps_during_training": (ingested1 - ingested0) / max(train_s, 1e-9),
                     "version_time_ms": version_ms, **_stats("lag_s", lag)})
-        self._predict(graph, ids, best, dg, cut if cut is not None else self.last_cut, row)
+        if self._publisher is not None:
+            if rows is None:
+                rows = self._changed_rows(graph)
+            self._publish(graph, ids, rows, best, self.version, dg, cut, row, "")
+        else:
+            self._touched, self._unpredicted = [], []
         return info
 
-    def _train(self, graph, epochs: int, seed: int):
+    def _train(self, graph, epochs: int, seed: int, dg=None):
         if self.cfg.feature_norm == "auto":
             # Decided once, on the first round's graph: a choice that flipped between rounds would hand the
             # warm-started weights differently scaled inputs. The checkpoint's config keeps it.
@@ -414,7 +437,7 @@ class Stream(IngestMixin, PersistMixin):
 
             return train_engine(cfg, graph, init_params=self.params, init_opt_state=opt), "pipelined", None
         tr = self._round_trainer()
-        dg = tr.device_graph(graph)
+        dg = dg if dg is not None else tr.device_graph(graph)
         return tr.train(graph, dg, epochs, seed, self.params, opt), "whole-graph", dg
 
     def _round_trainer(self):
@@ -424,37 +447,43 @@ class Stream(IngestMixin, PersistMixin):
             self.trainer = RoundTrainer(self.cfg)
         return self.trainer
 
-    def _predict(self, graph, ids: np.ndarray, params: dict, dg, watermark_ms, row: dict) -> None:
-        """Publish the logits of the vertices whose k-hop neighbourhood changed since the last version."""
+    def _changed_rows(self, graph) -> np.ndarray:
+        """The rows (materialized order) within k hops of a vertex whose inputs changed since the last
+        predictions (every row with --predict all or after a restart); consumes the touched slots."""
         from pipelines.continuous.predictions import khop
         from schemas.tasks import StageKind
 
+        touched, self._touched = self._touched, []
+        if self.opts.predict == "all" or self._refresh_predictions:
+            self._refresh_predictions = False
+            return np.arange(graph.num_nodes)
         mark = np.zeros(self.graph.num_vertices, bool)
-        for t_ in self._touched:
+        for t_ in touched:
             mark[t_] = True
-        touched = np.flatnonzero(mark)
-        self._touched = []
-        if self._publisher is None:
-            self._unpredicted = []
-            return
+        rank = np.empty(graph.num_nodes, np.int64)
+        rank[self.graph.order()] = np.arange(graph.num_nodes)
+        tr = self._round_trainer()
+        if tr.model is None:
+            tr.device_graph(graph)  # builds the model (the pipelined engine trains without this trainer)
+        hops = sum(st.kind == StageKind.GA for st in tr.model.stages)
+        return khop(graph.adj, rank[np.flatnonzero(mark)], hops)
+
+    def _publish(self, graph, ids: np.ndarray, rows: np.ndarray, params: dict, version: int, dg, cut, row: dict,
+                 prefix: str) -> None:
+        """Publish the logits of `rows` by `params` (version `version`) on this round's graph; the lag of the
+        input changes that no prediction covered yet ends here."""
         t0 = time.monotonic()
         tr = self._round_trainer()
         if dg is None:
             dg = tr.device_graph(graph)
-        if self.opts.predict == "all" or self._refresh_predictions:
-            rows = np.arange(graph.num_nodes)
-        else:
-            rank = np.empty(graph.num_nodes, np.int64)
-            rank[self.graph.order()] = np.arange(graph.num_nodes)
-            hops = sum(st.kind == StageKind.GA for st in tr.model.stages)
-            rows = khop(graph.adj, rank[touched], hops)
+        watermark_ms = cut if cut is not None else self.last_cut
         logits = tr.predict(params, dg, rows)
-        pub = self._publisher.publish(ids[rows], logits, self.version, int(watermark_ms or 0))
-        self._refresh_predictions = False
+        pub = self._publisher.publish(ids[rows], logits, version, int(watermark_ms or 0))
         lag = (pub["published_ms"] - np.concatenate(self._unpredicted)) / 1000.0 if self._unpredicted else []
         self._unpredicted = []
-        row.update({"predicted": pub["rows"], "prediction_messages": pub["messages"],
-                    "predict_s": time.monotonic() - t0, **_stats("prediction_lag_s", np.asarray(lag))})
+        row.update({f"{prefix}predicted": pub["rows"], f"{prefix}prediction_messages": pub["messages"],
+                    f"{prefix}predict_s": time.monotonic() - t0, f"{prefix}prediction_version": version,
+                    "prediction_watermark_ms": watermark_ms, **_stats(f"{prefix}prediction_lag_s", np.asarray(lag))})
 
     def _treedef_for(self, graph):
         if self._treedef is None:
