@@ -286,21 +286,21 @@ class Stream(IngestMixin, PersistMixin):
         return taken, late
 
     def _apply(self, t: pa.Table, replay: bool = False):
-        """Apply events in (event time, op rank, id) order, column-wise. Returns the sorted table, outcome
-        codes, event times and op codes. replay: re-applying a checkpoint's delta (no counters, no dead letters)."""
+        """Apply events in (event time, op rank, id) order, column-wise. Returns, in that order, the event ids,
+        outcome codes, event times and op codes. replay: re-applying a checkpoint's delta (no counters, no dead letters)."""
         if t.num_rows == 0:
             z = np.zeros(0, np.int8)
-            return EVENT_SCHEMA.empty_table(), z, np.zeros(0, np.int64), z
+            return pa.array([], pa.string()), z, np.zeros(0, np.int64), z
         if self.num_classes is None:
             top = pc.max(pc.filter(t.column("label"), pc.equal(t.column("op"), "set_label"))).as_py()
             self.num_classes = max(2, (top if top is not None else -1) + 1)
-        t, res, code = self.graph.apply_table(t, self.num_classes)
-        times = t.column("event_time").cast(pa.int64()).to_numpy()
+        order, res, code = self.graph.apply_table(t, self.num_classes)
+        times = t.column("event_time").cast(pa.int64()).to_numpy()[order]
         outcome = res.outcome
         if not replay:
             if res.reasons:
                 idx = sorted(res.reasons)
-                self._dead_rows(t.take(pa.array(idx)), [res.reasons[i] for i in idx],
+                self._dead_rows(t.take(pa.array(order[idx])), [res.reasons[i] for i in idx],
                                 f"{self.opts.events_topic}/apply/round-{self.round + 1}")
             with self.lock:
                 self.counters["applied"] += int((outcome == APPLIED).sum())
@@ -308,7 +308,7 @@ class Stream(IngestMixin, PersistMixin):
                 self.counters["apply_rejected"] += int((outcome == REJECTED).sum())
                 self.counters["dead_letters"] += int((outcome == REJECTED).sum())
         self._touched.append(res.touched)
-        return t, outcome, times, code
+        return pc.take(t.column("event_id"), pa.array(order)), outcome, times, code
 
     def _round(self, cut: int | None, watermark: int) -> None:
         from pipelines.continuous.trainer import compile_count
@@ -317,19 +317,19 @@ class Stream(IngestMixin, PersistMixin):
         c0 = compile_count()
         taken, late = self._extract(cut)
         k = self.round + 1
-        t, outcome, times, code = self._apply(taken)
+        ids_applied, outcome, times, code = self._apply(taken)
         t_applied = time.monotonic()
         graph, ids = self.graph.materialize(self.opts.name, self.num_classes or 2)
         with self.lock:
             ingested0 = self.counters["ingested"]
         part = self.graph.partition_stats()
         row: dict = {"round": k, "cut_ms": cut, "watermark_ms": watermark if watermark != NO_TIME else None,
-                     "final": cut is None, "events": t.num_rows,
+                     "final": cut is None, "events": taken.num_rows,
                      **{f"events_{o}": int((outcome == j).sum()) for j, o in enumerate(OUTCOMES)},
                      "late_in_round": late, "nodes": graph.num_nodes, "edges": graph.num_edges // 2,
                      "train": int(graph.train_mask.sum()), "val": int(graph.val_mask.sum()),
                      "test": int(graph.test_mask.sum()), "apply_s": t_applied - t0,
-                     "apply_eps": t.num_rows / max(t_applied - t0, 1e-9),
+                     "apply_eps": taken.num_rows / max(t_applied - t0, 1e-9),
                      "partition_balance": part["balance"], "edge_cut": part["edge_cut"]}
         self._unversioned.append(times[outcome == APPLIED])
         self._unpredicted.append(times[(outcome == APPLIED) & (code != SET_LABEL)])
@@ -354,14 +354,14 @@ class Stream(IngestMixin, PersistMixin):
         if self.trainer is not None and self.trainer.shape is not None:
             row.update({"capacity_nodes": self.trainer.shape[0], "capacity_entries": self.trainer.shape[1],
                         "bucket_growths": self.trainer.growths})
-        self._journal(k, t.column("event_id"), outcome)
+        self._journal(k, ids_applied, outcome)
 
         def log(ck: dict) -> None:  # the row goes out with the checkpoint's size, before the commit
             row.update({"checkpoint_kind": ck["kind"], "checkpoint_bytes": ck["bytes"], "checkpoint_chain": ck["chain"],
                         "round_s": time.monotonic() - t0})
             self._log(row)
 
-        self._checkpoint(t, before_commit=log)
+        self._checkpoint(taken, before_commit=log)  # (a delta's order does not matter: applying sorts)
         self.last_row = row
         if info is not None:
             self._announce(info)
