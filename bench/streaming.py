@@ -5,10 +5,10 @@
    read it:
    a. *not training*: the first training waits for more labels than the stream has, so every round only applies
       events: events/s from the topic into the pending buffer and, per round, into the graph.
-   b. *training*: rounds train from round 1 while the ingest thread reads the backlog: events/s sampled (every
-      20 ms) while a round trains; per round the process RSS, the graph state's bytes per vertex and per edge,
-      the dedupe state's ids, XLA compiles and the capacity buckets, and the checkpoint bytes against the events
-      of the round.
+   b. *training*: rounds (one per --train-round-s of event time) train from round 1 while the ingest thread reads
+      the backlog: events/s sampled (every 20 ms) while a round trains; per round the process RSS, the graph
+      state's bytes per vertex and per edge, the dedupe state's ids, XLA compiles and the capacity buckets, and
+      the checkpoint bytes against the events of the round.
 2. lag: Cora replayed in real time (event time = wall clock, one slice every --lag-slice-s seconds). For every
    applied event that changes a model input (not a label): the broker timestamp of the first message on the
    predictions topic that holds its vertex on a graph containing the event (any model version: the newest
@@ -123,19 +123,17 @@ def bench_ingest(bootstrap: str, args, cfg) -> None:
     del graph
     common = dict(bootstrap=bootstrap, events_topic=topic, round_interval_s=1.0, until_idle_s=3.0, num_classes=7,
                   catch_up="skip", predict="none")
-    with tempfile.TemporaryDirectory() as out:  # a. not training: no round has enough labels before the last
-        opts = StreamOptions(out=out, models_topic=f"{topic}-models-a", first_round_epochs=1,
-                             min_train_labels=10 ** 12, **common)
-        summary, rows, samples = _sampled_stream(opts, cfg)
-    applied = [r for r in rows if not r["final"]]
-    emit({"phase": "ingest", "what": "not training", "events": summary["counters"]["ingested"],
-          **_rates(samples, total), "rounds": len(rows),
-          "apply_eps_median": float(np.median([r["apply_eps"] for r in applied if r["events"]])) if applied else None,
-          "apply_s_total": float(sum(r["apply_s"] for r in rows)), "load_avg_1m": os.getloadavg()[0]})
+    if not args.skip_not_training:
+        bench_not_training(args, cfg, common, topic, total)
     with tempfile.TemporaryDirectory() as out:  # b. training from round 1 while the backlog is read
+        # one round per --train-round-s of event time (catch-up by windows): round 1 trains on the first window
+        # while the ingest thread goes on reading the backlog; ids are kept 2 windows (the dedupe state drops
+        # the older ones during the run)
         opts = StreamOptions(out=out, models_topic=f"{topic}-models-b", first_round_epochs=args.ingest_epochs,
                              round_epochs=args.ingest_epochs, min_train_labels=1, min_train_classes=2,
-                             full_checkpoint_every=args.full_every, **common)
+                             full_checkpoint_every=args.full_every,
+                             **{**common, "round_interval_s": args.train_round_s, "catch_up": "windows",
+                                "dedupe_retention_s": 2 * args.train_round_s})
         summary, rows, samples = _sampled_stream(opts, cfg)
     for r in rows:
         emit({"phase": "memory", "what": "round", **{k: r.get(k) for k in (
@@ -169,9 +167,25 @@ def bench_ingest(bootstrap: str, args, cfg) -> None:
           "load_avg_1m": os.getloadavg()[0]})
 
 
+def bench_not_training(args, cfg, common: dict, topic: str, total: int) -> None:
+    import numpy as np
+
+    from pipelines.continuous.stream import StreamOptions
+
+    with tempfile.TemporaryDirectory() as out:  # a. not training: no round has enough labels before the last
+        opts = StreamOptions(out=out, models_topic=f"{topic}-models-a", first_round_epochs=1,
+                             min_train_labels=10 ** 12, **common)
+        summary, rows, samples = _sampled_stream(opts, cfg)
+    applied = [r for r in rows if not r["final"]]
+    emit({"phase": "ingest", "what": "not training", "events": summary["counters"]["ingested"],
+          **_rates(samples, total), "rounds": len(rows),
+          "apply_eps_median": float(np.median([r["apply_eps"] for r in applied if r["events"]])) if applied else None,
+          "apply_s_total": float(sum(r["apply_s"] for r in rows)), "load_avg_1m": os.getloadavg()[0]})
+
+
 def _state_split(r, dim: int) -> dict:
     """The graph state's bytes: per vertex (id, feature row, label, split, id index) and per edge (one key)."""
-    per_vertex = 8 + 4 * dim + 4 + 1 + 16
+    per_vertex = 8 + 4 * dim + 4 + 1 + 16 + 4  # (+4: the dense id -> slot map while ids are small)
     return {"per_vertex": per_vertex, "per_edge": 8,
             "capacity_slack": r["graph_bytes"] / max(per_vertex * r["nodes"] + 8 * r["edges"], 1)}
 
@@ -323,6 +337,7 @@ def main(argv=None) -> int:
     p.add_argument("--ingest-features", type=int, default=8)
     p.add_argument("--ingest-epochs", type=int, default=2, help="epochs per round while the backlog is read")
     p.add_argument("--full-every", type=int, default=10, help="a full checkpoint every N")
+    p.add_argument("--train-round-s", type=float, default=4.0, help="(ingest while training) event time per round")
     p.add_argument("--lag-dataset", default="cora")
     p.add_argument("--lag-slices", type=int, default=120)
     p.add_argument("--lag-slice-s", type=float, default=0.25)
@@ -333,6 +348,7 @@ def main(argv=None) -> int:
     p.add_argument("--until-idle", type=float, help="(lag) default: 2 x slice + 5 s")
     p.add_argument("--skip-ingest", action="store_true")
     p.add_argument("--skip-lag", action="store_true")
+    p.add_argument("--skip-not-training", action="store_true", help="(ingest) only the stream that trains")
     args = p.parse_args(argv)
 
     from pipelines.config import TrainConfig, parse_staleness

@@ -1,5 +1,6 @@
-"""Predictions out: after each model version, the logits of the vertices whose k-hop neighbourhood changed, as
-Arrow batches (:mod:`schemas.predictions`) on a predictions topic; and the reader behind `dorylus predictions`.
+"""Predictions out: the logits of the vertices whose k-hop neighbourhood changed, as Arrow batches
+(:mod:`schemas.predictions`) on a predictions topic, each round by the newest version on the new graph before
+training and by the new version after it; and the reader behind `dorylus predictions`.
 
 A vertex's output of a k-layer model depends on its k-hop neighbourhood: its features, its edges and the
 degrees and features of vertices up to k hops away. So the vertices to publish after a version are those within

@@ -11,9 +11,11 @@ One process, two threads:
   to the graph (:class:`~pipelines.continuous.state.StreamGraph`), trains some epochs warm-started from the
   previous round's weights and optimizer state (the pipelined engine when the config asks for
   partitions/intervals/staleness, else whole-graph rounds on capacity buckets, :mod:`.trainer`, compiling once
-  per bucket), writes a model version into ``OUT/models/`` atomically, checkpoints (:mod:`.checkpoint`: a delta
-  of the round's events, a full base every N), announces the version on the models topic, and publishes the
-  predictions of the vertices whose k-hop neighbourhood changed to the predictions topic (:mod:`.predictions`).
+  per bucket, the next bucket compiled ahead in the background), writes a model version into ``OUT/models/``
+  atomically, checkpoints (:mod:`.checkpoint`: a delta of the round's events, a full base every N), announces the
+  version on the models topic. The predictions of the vertices whose k-hop neighbourhood changed go to the
+  predictions topic (:mod:`.predictions`) twice: right after the apply, by the newest version on the new graph
+  (so an event's effect is out without waiting for training), and after training, by the new version.
 
 Late events (event time below the cut of a round already taken) are applied by the next round (counted as
 ``late``), as long as they are above the dedupe horizon (watermark minus ``dedupe_retention_s``); older ones
@@ -249,6 +251,8 @@ class Stream(IngestMixin, PersistMixin):
                 time.sleep(0.02)
         finally:
             self._stop.set()
+            if self.trainer is not None:
+                self.trainer.close()
             if self._ingest_thread is not None:
                 self._ingest_thread.join(timeout=30)
             if self._producer is not None:
@@ -311,10 +315,10 @@ class Stream(IngestMixin, PersistMixin):
         return pc.take(t.column("event_id"), pa.array(order)), outcome, times, code
 
     def _round(self, cut: int | None, watermark: int) -> None:
-        from pipelines.continuous.trainer import compile_count
+        from pipelines.continuous.trainer import compile_count, precompile_count
 
         t0 = time.monotonic()
-        c0 = compile_count()
+        c0, pc0 = compile_count(), precompile_count()
         taken, late = self._extract(cut)
         k = self.round + 1
         ids_applied, outcome, times, code = self._apply(taken)
@@ -350,7 +354,7 @@ class Stream(IngestMixin, PersistMixin):
             row.update({f"{k_}_total": v for k_, v in self.counters.items()})
             row["pending"] = self.pending_rows
             row["dedupe_ids"] = self.dedupe.size
-        row.update({"compiles": compile_count() - c0, "graph_bytes": self.graph.nbytes(), "rss_bytes": rss_bytes()})
+        row.update({"compiles": compile_count() - c0, "precompiles": precompile_count() - pc0, "graph_bytes": self.graph.nbytes(), "rss_bytes": rss_bytes()})
         if self.trainer is not None and self.trainer.shape is not None:
             row.update({"capacity_nodes": self.trainer.shape[0], "capacity_entries": self.trainer.shape[1],
                         "bucket_growths": self.trainer.growths})
