@@ -5,14 +5,16 @@
    read it:
    a. *not training*: the first training waits for more labels than the stream has, so every round only applies
       events: events/s from the topic into the pending buffer and, per round, into the graph.
-   b. *training*: rounds train from round 1 while the ingest thread reads the backlog: events/s sampled (every
-      20 ms) while a round trains; per round the process RSS, the graph state's bytes per vertex and per edge,
-      the dedupe state's ids, XLA compiles and the capacity buckets, and the checkpoint bytes against the events
-      of the round.
+   b. *training*: rounds (one per --train-round-s of event time) train from round 1 while the ingest thread reads
+      the backlog: events/s sampled (every 20 ms) while a round trains; per round the process RSS, the graph
+      state's bytes per vertex and per edge, the dedupe state's ids, XLA compiles and the capacity buckets, and
+      the checkpoint bytes against the events of the round.
 2. lag: Cora replayed in real time (event time = wall clock, one slice every --lag-slice-s seconds). For every
    applied event that changes a model input (not a label): the broker timestamp of the first message on the
-   predictions topic that holds its vertex at the version containing the event (or later), minus its event
-   time; beside it, each round's training time.
+   predictions topic that holds its vertex on a graph containing the event (any model version: the newest
+   version's predictions go out before the next version trains), minus its event time; also to the first by a
+   version trained on the event; both for all events and for those after the cold round ("warm": the first
+   training compiles the model); beside them, each round's training time.
 
 Uses $DORYLUS_KAFKA_BOOTSTRAP or --bootstrap, else starts a private broker with infra/local/kafka.sh. Every line
 carries the 1-minute load average (the machine is shared).
@@ -110,28 +112,28 @@ def bench_ingest(bootstrap: str, args, cfg) -> None:
     topic = f"bench-ingest-{uuid.uuid4().hex[:8]}"
     t0 = time.perf_counter()
     sent = replay(graph, bootstrap, topic, slices=args.ingest_slices, slice_s=1.0, start_ms=1_700_000_000_000,
-                  topic_partitions=args.topic_partitions, batch_size=args.batch_size)
+                  topic_partitions=args.topic_partitions, batch_size=args.batch_size,
+                  compression=None if args.compression == "none" else args.compression)
     produce_s = time.perf_counter() - t0
     total = sent["events"]
     emit({"phase": "ingest", "what": "produced", "events": total, "messages": sent["messages"],
-          "batch_size": args.batch_size, "produce_s": produce_s, "produce_eps": total / produce_s,
+          "batch_size": args.batch_size, "compression": args.compression, "produce_s": produce_s,
+          "produce_eps": total / produce_s,
           "nodes": graph.num_nodes, "edges": graph.num_edges // 2, "features": graph.feature_dim})
     del graph
     common = dict(bootstrap=bootstrap, events_topic=topic, round_interval_s=1.0, until_idle_s=3.0, num_classes=7,
                   catch_up="skip", predict="none")
-    with tempfile.TemporaryDirectory() as out:  # a. not training: no round has enough labels before the last
-        opts = StreamOptions(out=out, models_topic=f"{topic}-models-a", first_round_epochs=1,
-                             min_train_labels=10 ** 12, **common)
-        summary, rows, samples = _sampled_stream(opts, cfg)
-    applied = [r for r in rows if not r["final"]]
-    emit({"phase": "ingest", "what": "not training", "events": summary["counters"]["ingested"],
-          **_rates(samples, total), "rounds": len(rows),
-          "apply_eps_median": float(np.median([r["apply_eps"] for r in applied if r["events"]])) if applied else None,
-          "apply_s_total": float(sum(r["apply_s"] for r in rows)), "load_avg_1m": os.getloadavg()[0]})
+    if not args.skip_not_training:
+        bench_not_training(args, cfg, common, topic, total)
     with tempfile.TemporaryDirectory() as out:  # b. training from round 1 while the backlog is read
+        # one round per --train-round-s of event time (catch-up by windows): round 1 trains on the first window
+        # while the ingest thread goes on reading the backlog; ids are kept 2 windows (the dedupe state drops
+        # the older ones during the run)
         opts = StreamOptions(out=out, models_topic=f"{topic}-models-b", first_round_epochs=args.ingest_epochs,
                              round_epochs=args.ingest_epochs, min_train_labels=1, min_train_classes=2,
-                             full_checkpoint_every=args.full_every, **common)
+                             full_checkpoint_every=args.full_every,
+                             **{**common, "round_interval_s": args.train_round_s, "catch_up": "windows",
+                                "dedupe_retention_s": 2 * args.train_round_s})
         summary, rows, samples = _sampled_stream(opts, cfg)
     for r in rows:
         emit({"phase": "memory", "what": "round", **{k: r.get(k) for k in (
@@ -165,9 +167,25 @@ def bench_ingest(bootstrap: str, args, cfg) -> None:
           "load_avg_1m": os.getloadavg()[0]})
 
 
+def bench_not_training(args, cfg, common: dict, topic: str, total: int) -> None:
+    import numpy as np
+
+    from pipelines.continuous.stream import StreamOptions
+
+    with tempfile.TemporaryDirectory() as out:  # a. not training: no round has enough labels before the last
+        opts = StreamOptions(out=out, models_topic=f"{topic}-models-a", first_round_epochs=1,
+                             min_train_labels=10 ** 12, **common)
+        summary, rows, samples = _sampled_stream(opts, cfg)
+    applied = [r for r in rows if not r["final"]]
+    emit({"phase": "ingest", "what": "not training", "events": summary["counters"]["ingested"],
+          **_rates(samples, total), "rounds": len(rows),
+          "apply_eps_median": float(np.median([r["apply_eps"] for r in applied if r["events"]])) if applied else None,
+          "apply_s_total": float(sum(r["apply_s"] for r in rows)), "load_avg_1m": os.getloadavg()[0]})
+
+
 def _state_split(r, dim: int) -> dict:
     """The graph state's bytes: per vertex (id, feature row, label, split, id index) and per edge (one key)."""
-    per_vertex = 8 + 4 * dim + 4 + 1 + 16
+    per_vertex = 8 + 4 * dim + 4 + 1 + 16 + 4  # (+4: the dense id -> slot map while ids are small)
     return {"per_vertex": per_vertex, "per_edge": 8,
             "capacity_slack": r["graph_bytes"] / max(per_vertex * r["nodes"] + 8 * r["edges"], 1)}
 
@@ -182,7 +200,7 @@ def bench_lag(bootstrap: str, args, cfg) -> None:
 
     graph = load_dataset(args.lag_dataset, args.data_dir)
     topic = f"bench-lag-{uuid.uuid4().hex[:8]}"
-    until_idle = args.until_idle or 2 * args.lag_slice_s + 1.0
+    until_idle = args.until_idle or 2 * args.lag_slice_s + 5.0  # the producer may start slowly on a busy machine
     with tempfile.TemporaryDirectory() as out:
         opts = StreamOptions(bootstrap=bootstrap, events_topic=topic, out=out, models_topic=f"{topic}-models",
                              round_interval_s=args.lag_slice_s, first_round_epochs=args.lag_first_epochs,
@@ -193,8 +211,20 @@ def bench_lag(bootstrap: str, args, cfg) -> None:
         res = {}
         th = threading.Thread(target=lambda: res.update(stream.run()))
         th.start()
+        # history: the first --lag-warmup-slices at once (their event times just before now); once the stream has
+        # its first version (the cold round compiles), the rest in real time, event time = wall clock
+        slice_ms = max(1, int(round(args.lag_slice_s * 1000)))
+        w = min(args.lag_warmup_slices, args.lag_slices - 1)
+        starts = [int(time.time() * 1000) - w * slice_ms]
+        if w:
+            replay(graph, bootstrap, topic, slices=args.lag_slices, slice_s=args.lag_slice_s, start_ms=starts[0],
+                   last_slice=w - 1, topic_partitions=args.topic_partitions)
+            deadline = time.monotonic() + 600
+            while not (Path(out) / "models" / "latest.json").exists() and th.is_alive() and time.monotonic() < deadline:
+                time.sleep(0.05)
+        starts.append(int(time.time() * 1000) - w * slice_ms)
         sent = replay(graph, bootstrap, topic, slices=args.lag_slices, slice_s=args.lag_slice_s,
-                      pace_s=args.lag_slice_s, topic_partitions=args.topic_partitions)
+                      start_ms=starts[1], first_slice=w, pace_s=args.lag_slice_s, topic_partitions=args.topic_partitions)
         th.join()
         rows = [json.loads(line) for line in (Path(out) / "metrics.jsonl").read_text().splitlines()]
         applied = read_applied(out).to_pydict()
@@ -203,35 +233,46 @@ def bench_lag(bootstrap: str, args, cfg) -> None:
     for r in reversed(rows):
         nxt = r["version"] if r.get("train_s") is not None else nxt
         vt[r["round"]] = nxt
+    wm_of = {r["round"]: r.get("prediction_watermark_ms") for r in rows}  # the graph cut a round predicted on
+    trained = [r for r in rows if r.get("train_s") is not None]
+    # the cold round compiles the model; events up to its end wait for it (reported, and left out of "warm")
+    cold_end_ms = trained[0]["version_time_ms"] if trained else None
     events = {}
-    for s in dataset_slices(graph, args.lag_slices, sent["start_ms"], sent["slice_ms"]):
+    for s in dataset_slices(graph, args.lag_slices, starts[0], slice_ms)[:w] + \
+            dataset_slices(graph, args.lag_slices, starts[1], slice_ms)[w:]:
         t = s.events
         events.update(zip(t.column("event_id").to_pylist(), zip(
             t.column("event_time").cast("int64").to_pylist(), t.column("vertex").to_pylist(),
             t.column("op").to_pylist())))
-    lags, final_round = [], rows[-1]["round"] if rows and rows[-1]["final"] else None
-    lags_nf, lags_steady = [], []
-    # steady state: events whose version came from a round that compiled nothing (after the last bucket growth)
-    steady = {r["version"] for r in rows if r.get("train_s") is not None and not r["compiles"] and not r["final"]}
+    final_round = rows[-1]["round"] if rows and rows[-1]["final"] else None
+    lag = {k: [] for k in ("any", "any_warm", "version", "version_warm", "any_nonfinal")}
     for eid, rnd, outc in zip(applied["event_id"], applied["round"], applied["outcome"]):
         et, v, op = events[eid]
-        if outc != "applied" or op == "set_label" or vt.get(rnd) is None:
+        if outc != "applied" or op == "set_label" or wm_of.get(rnd) is None:
             continue
         hits = published.get(v, [])
-        ts = next((t for ver, t in hits if ver >= vt[rnd]), None)
-        if ts is None:
-            continue
-        lags.append((ts - et) / 1000.0)
-        if rnd != final_round:
-            lags_nf.append(lags[-1])
-        if vt[rnd] in steady:
-            lags_steady.append(lags[-1])
-    train = [r["train_s"] for r in rows if r.get("train_s") is not None and not r["final"]]
-    train_steady = [r["train_s"] for r in rows if r.get("version") in steady and r.get("train_s") is not None]
+        # the first prediction of the vertex on a graph that holds the event (any version), and the first by a
+        # version trained on it
+        ts = min((t for ver, w, t in hits if w >= wm_of[rnd]), default=None)
+        tv = min((t for ver, w, t in hits if vt.get(rnd) is not None and ver >= vt[rnd]), default=None)
+        warm = cold_end_ms is not None and et > cold_end_ms
+        if ts is not None:
+            lag["any"].append((ts - et) / 1000.0)
+            if warm:
+                lag["any_warm"].append(lag["any"][-1])
+            if rnd != final_round:
+                lag["any_nonfinal"].append(lag["any"][-1])
+        if tv is not None:
+            lag["version"].append((tv - et) / 1000.0)
+            if warm:
+                lag["version_warm"].append(lag["version"][-1])
+    train = [r["train_s"] for r in trained if not r["final"]]
+    train_warm = [r["train_s"] for r in trained[1:] if not r["final"]]
     for r in rows:
         emit({"phase": "lag", "what": "round", **{k: r.get(k) for k in (
-            "round", "final", "events", "nodes", "edges", "train_s", "predict_s", "round_s", "compiles",
-            "predicted", "prediction_lag_s_p50", "lag_s_p50", "test_acc")}})
+            "round", "final", "events", "nodes", "edges", "train_s", "prompt_predict_s", "predict_s", "round_s",
+            "compiles", "prompt_predicted", "predicted", "prompt_prediction_lag_s_p50", "prediction_lag_s_p50",
+            "lag_s_p50", "test_acc")}})
 
     def stats(x):
         x = np.asarray(x)
@@ -239,17 +280,21 @@ def bench_lag(bootstrap: str, args, cfg) -> None:
                 "max": float(x.max())} if x.size else {"n": 0}
 
     emit({"phase": "lag", "what": "summary", "dataset": graph.name, "slices": args.lag_slices,
-          "slice_s": args.lag_slice_s, "round_epochs": args.lag_round_epochs, "events": sent["events"],
-          "rounds": res.get("rounds"), "final_test_acc": rows[-1].get("test_acc") if rows else None,
-          "event_to_prediction_lag_s": stats(lags), "excluding_final_round": stats(lags_nf),
-          "train_s_median": float(np.median(train)) if train else None, "until_idle_s": until_idle,
-          "steady_rounds": len(train_steady), "event_to_prediction_lag_s_steady": stats(lags_steady),
-          "train_s_median_steady": float(np.median(train_steady)) if train_steady else None,
+          "slice_s": args.lag_slice_s, "round_epochs": args.lag_round_epochs, "warmup_slices": w, "events": len(events),
+          "rounds": res.get("rounds"), "trained_rounds": len(trained),
+          "final_test_acc": rows[-1].get("test_acc") if rows else None,
+          "cold_round_train_s": trained[0]["train_s"] if trained else None,
+          "event_to_prediction_lag_s": stats(lag["any"]), "excluding_final_round": stats(lag["any_nonfinal"]),
+          "event_to_prediction_lag_s_warm": stats(lag["any_warm"]),
+          "event_to_trained_version_prediction_lag_s": stats(lag["version"]),
+          "event_to_trained_version_prediction_lag_s_warm": stats(lag["version_warm"]),
+          "train_s_median": float(np.median(train)) if train else None,
+          "train_s_median_warm": float(np.median(train_warm)) if train_warm else None, "until_idle_s": until_idle,
           "counters": res.get("counters"), "load_avg_1m": os.getloadavg()[0]})
 
 
 def _published(bootstrap: str, topic: str) -> dict:
-    """vertex -> [(model_version, broker timestamp ms)] of every prediction on the topic, in version order."""
+    """vertex -> [(model_version, watermark ms, broker timestamp ms)] of every prediction on the topic."""
     from kafka import TopicPartition
 
     from pipelines.continuous import kafka_io
@@ -267,8 +312,9 @@ def _published(bootstrap: str, topic: str) -> dict:
             for m in msgs:
                 t = decode_predictions(m.value)
                 ver = t.column("model_version")[0].as_py()
+                wm = t.column("watermark").cast("int64")[0].as_py()
                 for v in t.column("vertex").to_pylist():
-                    out.setdefault(v, []).append((ver, m.timestamp))
+                    out.setdefault(v, []).append((ver, wm, m.timestamp))
     c.close()
     for v in out:
         out[v].sort()
@@ -281,6 +327,8 @@ def main(argv=None) -> int:
     p.add_argument("--data-dir", default=os.environ.get("DORYLUS_DATA_DIR", str(REPO.parent / "shared/datasets")))
     p.add_argument("--topic-partitions", type=int, default=3)
     p.add_argument("--batch-size", type=int, default=10000, help="events per Kafka message")
+    p.add_argument("--compression", choices=("none", "lz4", "zstd"), default="zstd",
+                   help="(ingest) Arrow IPC compression of the event messages: fewer bytes through Kafka's client")
     p.add_argument("--partitions", type=int, default=1, help="engine partitions (1: whole-graph trainer)")
     p.add_argument("--staleness", default="none")
     p.add_argument("--ingest-nodes", type=int, default=1000000)
@@ -289,14 +337,18 @@ def main(argv=None) -> int:
     p.add_argument("--ingest-features", type=int, default=8)
     p.add_argument("--ingest-epochs", type=int, default=2, help="epochs per round while the backlog is read")
     p.add_argument("--full-every", type=int, default=10, help="a full checkpoint every N")
+    p.add_argument("--train-round-s", type=float, default=4.0, help="(ingest while training) event time per round")
     p.add_argument("--lag-dataset", default="cora")
-    p.add_argument("--lag-slices", type=int, default=40)
+    p.add_argument("--lag-slices", type=int, default=120)
     p.add_argument("--lag-slice-s", type=float, default=0.25)
+    p.add_argument("--lag-warmup-slices", type=int, default=24, help="(lag) slices sent at once before the rest "
+                   "is paced: the cold round trains on them")
     p.add_argument("--lag-first-epochs", type=int, default=50)
     p.add_argument("--lag-round-epochs", type=int, default=10)
-    p.add_argument("--until-idle", type=float, help="(lag) default: 2 x slice + 1 s")
+    p.add_argument("--until-idle", type=float, help="(lag) default: 2 x slice + 5 s")
     p.add_argument("--skip-ingest", action="store_true")
     p.add_argument("--skip-lag", action="store_true")
+    p.add_argument("--skip-not-training", action="store_true", help="(ingest) only the stream that trains")
     args = p.parse_args(argv)
 
     from pipelines.config import TrainConfig, parse_staleness

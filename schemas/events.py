@@ -234,7 +234,8 @@ def decode_events(data: Any) -> pa.RecordBatch:
                 raise SchemaError(f"events column {f.name!r} is missing")
             cols.append(pa.nulls(n, f.type))
             continue
-        col = table.column(f.name).combine_chunks()
+        col = table.column(f.name)
+        col = col.chunk(0) if col.num_chunks == 1 else col.combine_chunks()  # one batch a message: no copy
         if isinstance(col.type, pa.DictionaryType):
             col = col.dictionary_decode()
         if col.type != f.type:

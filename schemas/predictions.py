@@ -10,8 +10,10 @@ Columns:
                                 is in that graph
 
 Schema metadata: ``dorylus.type = "vertex_predictions"``, ``dorylus.schema_version``. Messages of a topic are
-partitioned by ``vertex mod partitions``, so the newest prediction of a vertex is the last row for it in its
-partition (versions only grow).
+partitioned by ``vertex mod partitions``. A version is published twice for the vertices that changed: after it
+is trained (on its own graph) and, before the next version trains, on the next round's graph (a later
+watermark); so the newest prediction of a vertex is its row with the largest (model_version, watermark), which
+is also the last row for it in its partition.
 """
 from __future__ import annotations
 

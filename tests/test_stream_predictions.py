@@ -52,8 +52,8 @@ def test_rounds_compile_per_bucket_and_predictions_equal_forward(kafka_bootstrap
                          models_topic=f"{topic}-models", first_round_epochs=5, round_epochs=3, until_idle_s=1.5,
                          num_classes=3, predictions_partitions=2)
     stream = Stream(opts, cfg)
-    graphs = {}
-    stream.on_round = lambda row: graphs.setdefault(row["version"], stream.graph.materialize("t", 3))
+    graphs = {}  # by the watermark that the round's predictions carry
+    stream.on_round = lambda row: graphs.setdefault(row["prediction_watermark_ms"], stream.graph.materialize("t", 3))
     s = stream.run()
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert s["status"] == "complete" and [r["version"] for r in rows] == [1, 2, 3, 4]
@@ -79,20 +79,26 @@ def test_rounds_compile_per_bucket_and_predictions_equal_forward(kafka_bootstrap
             tables += [decode_predictions(m.value) for m in msgs]
     c.close()
     pred = pa.concat_tables(tables)
-    for v in (1, 2, 3, 4):
-        graph, ids = graphs[v]
-        mine = pred.filter(pa.compute.equal(pred.column("model_version"), v))
+    wm = pred.column("watermark").cast(pa.int64()).to_numpy()
+    version = pred.column("model_version").to_numpy()
+    groups = sorted(set(zip(version.tolist(), wm.tolist())))
+    # each version on its own round's graph, and (before rounds 2, 3, 4 train) the previous version on the
+    # next round's graph: the changed vertices' predictions come out before the next version trains
+    assert len(groups) == 7 and [v for v, _ in groups] == [1, 1, 2, 2, 3, 3, 4], groups
+    for v, w in groups:
+        graph, ids = graphs[w]
+        mine = pred.filter(pa.array((version == v) & (wm == w)))
         verts = mine.column("vertex").to_numpy()
         with np.load(tmp_path / f"models/model-{v:06d}.npz") as z:
             params = P.unflatten({k: z[k] for k in z.files if k != "__meta__"})
         g = device_graph(stream.cfg, graph)
         want = np.asarray(models.forward(build_model(stream.cfg, graph), params, g.adj, g.x))
         got = np.stack(mine.column("logits").to_numpy(zero_copy_only=False))
-        assert np.allclose(got, want[np.searchsorted(ids, verts)], atol=1e-5), v
+        assert np.allclose(got, want[np.searchsorted(ids, verts)], atol=1e-5), (v, w)
         assert (mine.column("prediction").to_numpy() == got.argmax(1)).all()
-        if v == 4:  # only vertex 20's 2-hop neighbourhood: 18..22 on the ring, 60 beside it, 59 and 61 beside 19, 21
-            assert sorted(verts.tolist()) == [18, 19, 20, 21, 22, 59, 60, 61], sorted(verts.tolist())
-        if v == 1:
+        if w == max(graphs):  # only vertex 20's 2-hop neighbourhood: 18..22 on the ring, 60 beside it, 59 and 61
+            assert sorted(verts.tolist()) == [18, 19, 20, 21, 22, 59, 60, 61], (v, sorted(verts.tolist()))
+        if v == 1 and w == min(graphs):
             assert sorted(verts.tolist()) == list(range(40))
     rc = cli.main(["predictions", "--bootstrap", kafka_bootstrap, "--topic", stream.predictions_topic,
                    "--vertex", "20"])

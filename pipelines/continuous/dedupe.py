@@ -25,10 +25,15 @@ def _mix(z: np.ndarray) -> np.ndarray:
     return z ^ (z >> np.uint64(31))
 
 
+_MASKS = np.array([(1 << (8 * k)) - 1 for k in range(8)] + [(1 << 64) - 1], np.uint64)  # the low k bytes
+_R1, _R2 = np.uint64(31), np.uint64(64 - 31)
+
+
 def id_hashes(ids: pa.Array) -> tuple[np.ndarray, np.ndarray]:
     """Two independent 64-bit hashes of each string, column-wise: word j of every id (its bytes 8j..8j+7,
-    read as one unaligned little-endian uint64, the bytes past its end masked off) is mixed into both hashes,
-    one word column at a time; the length seeds them, so masked padding cannot collide."""
+    read as one unaligned little-endian uint64, the bytes past its end masked off) is folded into both hashes
+    (multiply, xor, rotate: a few array passes per word), which get a full avalanche mix at the end; the
+    length seeds them, so masked padding cannot collide."""
     ids = ids.combine_chunks() if isinstance(ids, pa.ChunkedArray) else ids
     n = len(ids)
     if n == 0:
@@ -43,16 +48,34 @@ def id_hashes(ids: pa.Array) -> tuple[np.ndarray, np.ndarray]:
     words = np.ndarray((raw.size + 1,), "<u8", data, 0, (1,))  # the 8 bytes starting at each byte
     start, lengths = offsets[:-1] - lo, np.diff(offsets)
     ln = lengths.astype(np.uint64)
-    h1, h2 = _S1 ^ ln, _S2 + ln
+    h1, h2 = _S1 ^ (ln * _M2), _S2 + ln
     with np.errstate(over="ignore"):
         for j in range(-(-int(lengths.max(initial=0)) // 8)):
-            left = np.clip(lengths - 8 * j, 0, 8).astype(np.uint64)
-            keep = np.where(left >= 8, np.uint64(0xFFFFFFFFFFFFFFFF),
-                            (np.uint64(1) << (np.uint64(8) * np.minimum(left, 7))) - np.uint64(1))
-            w = words[np.minimum(start + 8 * j, raw.size)] & keep
-            h1 = _mix((h1 ^ w) * _M1)
-            h2 = _mix((h2 + w + np.uint64(1)) * _M2)
-        return h1, _mix(h2 ^ np.uint64(0x5851F42D4C957F2D))
+            left = np.minimum(np.maximum(lengths - 8 * j, 0), 8)  # (np.clip costs more than the hashing here)
+            w = words[np.minimum(start + 8 * j, raw.size)] & _MASKS[left]
+            h1 ^= w
+            h1 *= _M1
+            h1 = (h1 << _R1) | (h1 >> _R2)
+            h2 += w
+            h2 *= _M2
+            h2 ^= h2 >> np.uint64(29)
+        return _mix(h1), _mix(h2 ^ np.uint64(0x5851F42D4C957F2D))
+
+
+def _merge(a1, b1, a2, b2) -> tuple[np.ndarray, np.ndarray]:
+    """Merge two runs sorted by their first array (linear passes; no sort)."""
+    at = np.searchsorted(a1, a2, side="right") + np.arange(a2.size)  # where run 2's keys land
+    rest = np.ones(a1.size + a2.size, bool)
+    rest[at] = False
+    a, b = np.empty(rest.size, np.uint64), np.empty(rest.size, np.uint64)
+    a[at], b[at] = a2, b2
+    a[rest], b[rest] = a1, b1
+    return a, b
+
+
+_BITS = 24  # the low bits of the first hash that hold a position while sorting (2^24 ids a call)
+_LOW = np.uint64((1 << _BITS) - 1)
+_HIGH = ~_LOW
 
 
 class _Window:
@@ -68,18 +91,23 @@ class _Window:
     def contains(self, h1: np.ndarray, h2: np.ndarray) -> np.ndarray:
         hit = np.zeros(h1.size, bool)
         for a, b in self.runs:
-            pos = np.minimum(np.searchsorted(a, h1), a.size - 1)
-            hit |= (a[pos] == h1) & (b[pos] == h2)
+            pos = np.searchsorted(a, h1)
+            pc_ = np.minimum(pos, a.size - 1)
+            eq = a[pc_] == h1
+            hit |= eq & (b[pc_] == h2)
+            # keys of equal first hash (their low bits are cleared: rare, not never): look through the range
+            nx = np.minimum(pos + 1, a.size - 1)
+            for i in np.flatnonzero(eq & ~hit & (nx > pc_) & (a[nx] == h1)):
+                hi = np.searchsorted(a, h1[i], side="right")
+                hit[i] = bool((b[pos[i]:hi] == h2[i]).any())
         return hit
 
     def add(self, h1: np.ndarray, h2: np.ndarray) -> None:
         """Add keys sorted by h1."""
         self.runs.append((h1, h2))
         while len(self.runs) >= 2 and self.runs[-2][0].size <= 2 * self.runs[-1][0].size:
-            (a1, b1), (a2, b2) = self.runs.pop(), self.runs.pop()
-            a, b = np.concatenate([a1, a2]), np.concatenate([b1, b2])
-            o = np.argsort(a, kind="stable")
-            self.runs.append((a[o], b[o]))
+            (a2, b2), (a1, b1) = self.runs.pop(), self.runs.pop()
+            self.runs.append(_merge(a1, b1, a2, b2))
 
     def arrays(self) -> tuple[np.ndarray, np.ndarray]:
         if not self.runs:
@@ -120,17 +148,19 @@ class Dedupe:
 
     def take(self, ids: pa.Array, times: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Mark a batch taken; returns (new, expired) masks: new events (first time seen, not expired; a repeat
-        within the batch counts once) and events below the horizon."""
+        within the batch counts once, the first) and events below the horizon."""
         n = len(ids)
+        if n >= 1 << _BITS:  # positions must fit the low bits of the sort keys
+            step = 1 << (_BITS - 1)
+            parts = [self.take(ids.slice(i, step), times[i:i + step]) for i in range(0, n, step)]
+            return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
         expired = np.zeros(n, bool) if self.horizon is None else times < self.horizon
         h1, h2 = id_hashes(ids)
         win = times // self.window_ms
         new = ~expired
-        # one sort by (window, h1): each window's keys are a sorted run, repeats inside the batch are adjacent
-        o = np.lexsort((h1, win))
-        o = o[new[o]]
-        w_s, a_s, b_s = win[o], h1[o], h2[o]
-        if o.size:
+        cand = np.flatnonzero(new)
+        if cand.size:
+            a_s, b_s, w_s, o = self._sorted(h1 & _HIGH, h2, win, cand)
             rep = np.zeros(o.size, bool)
             rep[1:] = (a_s[1:] == a_s[:-1]) & (b_s[1:] == b_s[:-1]) & (w_s[1:] == w_s[:-1])
             bounds = np.flatnonzero(np.diff(w_s)) + 1
@@ -147,6 +177,30 @@ class Dedupe:
                     self.windows.setdefault(int(w_s[lo]), _Window()).add(a_s[lo:hi][k], b_s[lo:hi][k])
             self.log.append((a_s[keep], b_s[keep], w_s[keep]))
         return new, expired
+
+    @staticmethod
+    def _sorted(k1: np.ndarray, h2: np.ndarray, win: np.ndarray, cand: np.ndarray):
+        """The candidates sorted by (window, k1, h2, position). k1 has its low bits clear, so k1 | position
+        sorts by value (a SIMD sort, several times faster than an argsort) and gives the permutation."""
+        packed = np.sort(k1[cand] | cand.astype(np.uint64))
+        o = (packed & _LOW).astype(np.int64)
+        a_s = packed & _HIGH
+        w_s = win[o]
+        if w_s.size and w_s.min() != w_s.max():  # several windows: a stable sort by window (radix on small ints)
+            wr = w_s - w_s.min()
+            by = np.argsort(wr.astype(np.uint16) if wr.max() < 1 << 16 else wr, kind="stable")
+            o, a_s, w_s = o[by], a_s[by], w_s[by]
+        b_s = h2[o]
+        tie = np.flatnonzero((a_s[1:] == a_s[:-1]) & (w_s[1:] == w_s[:-1]))
+        if tie.size:  # equal k1 (rare): order by h2 there, so that repeats are adjacent
+            starts = tie[np.r_[True, np.diff(tie) > 1]]
+            for st in starts:
+                en = st + 1
+                while en < a_s.size and a_s[en] == a_s[st] and w_s[en] == w_s[st]:
+                    en += 1
+                by = np.argsort(b_s[st:en], kind="stable")
+                o[st:en], b_s[st:en] = o[st:en][by], b_s[st:en][by]
+        return a_s, b_s, w_s, o
 
     def _insert(self, h1, h2, win) -> None:
         o = np.lexsort((h1, win))
@@ -175,8 +229,8 @@ class Dedupe:
     def restore(self, keys: dict[str, np.ndarray], horizon: int | None) -> None:
         """Add checkpointed keys (a snapshot or a delta), then drop what the horizon has passed."""
         h1, h2, win = (np.asarray(keys[k]) for k in ("h1", "h2", "window"))
-        if h1.size:
-            self._insert(h1.astype(np.uint64), h2.astype(np.uint64), win.astype(np.int64))
+        if h1.size:  # (& _HIGH: keys of a checkpoint written before the low bits were cleared)
+            self._insert(h1.astype(np.uint64) & _HIGH, h2.astype(np.uint64), win.astype(np.int64))
         if horizon is not None:
             self.horizon = None
             self.advance(horizon + self.retention_ms)

@@ -140,6 +140,7 @@ class PersistMixin:
             latest = self.out / f"models/model-{self.version:06d}.npz"
             with np.load(latest) as z:
                 info = json.loads(z["__meta__"].tobytes().decode())
+                self.served = P.unflatten({k: z[k] for k in z.files if k != "__meta__"})
             rundir.atomic_write_json(self.out / "models" / "latest.json", info)
 
     def _clear(self) -> None:

@@ -1,5 +1,6 @@
-"""Predictions out: after each model version, the logits of the vertices whose k-hop neighbourhood changed, as
-Arrow batches (:mod:`schemas.predictions`) on a predictions topic; and the reader behind `dorylus predictions`.
+"""Predictions out: the logits of the vertices whose k-hop neighbourhood changed, as Arrow batches
+(:mod:`schemas.predictions`) on a predictions topic, each round by the newest version on the new graph before
+training and by the new version after it; and the reader behind `dorylus predictions`.
 
 A vertex's output of a k-layer model depends on its k-hop neighbourhood: its features, its edges and the
 degrees and features of vertices up to k hops away. So the vertices to publish after a version are those within
@@ -84,7 +85,10 @@ def read_newest(bootstrap: str, topic: str, vertex: int, timeout_s: float = 10.0
                     hit = np.flatnonzero(t.column("vertex").to_numpy() == vertex)
                     if hit.size:
                         row = t.slice(int(hit[-1]), 1).to_pylist()[0]
-                        if best is None or row["model_version"] >= best["model_version"]:
+                        # the newest version, then the newest graph (a version is published again, before
+                        # the next one trains, for the vertices that changed since)
+                        if best is None or (row["model_version"], row["watermark"]) >= (best["model_version"],
+                                                                                         best["watermark"]):
                             best = row | {"offset": m.offset}
         return best
     finally:

@@ -81,9 +81,11 @@ def dataset_slices(graph: Graph, slices: int, start_ms: int, slice_ms: int, seed
     return out
 
 
-def send_slice(producer, topic: str, sl: Slice, topic_partitions: list[int], batch_size: int = 1000) -> int:
+def send_slice(producer, topic: str, sl: Slice, topic_partitions: list[int], batch_size: int = 1000,
+               compression: str | None = None) -> int:
     """Send one slice: events grouped by topic partition (vertex id modulo the partition count), at most
-    `batch_size` events per message. Returns the number of messages sent."""
+    `batch_size` events per message (Arrow IPC buffers compressed with `compression`: None, lz4 or zstd).
+    Returns the number of messages sent."""
     t = sl.events
     if t.num_rows == 0:
         return 0
@@ -94,7 +96,7 @@ def send_slice(producer, topic: str, sl: Slice, topic_partitions: list[int], bat
         idx = np.flatnonzero(target == i)
         for j in range(0, idx.size, batch_size):
             chunk = t.take(pa.array(idx[j:j + batch_size])).combine_chunks()
-            producer.send(topic, value=encode_events(chunk), partition=p)
+            producer.send(topic, value=encode_events(chunk, compression), partition=p)
             sent += 1
     return sent
 
@@ -102,7 +104,7 @@ def send_slice(producer, topic: str, sl: Slice, topic_partitions: list[int], bat
 def replay(graph: Graph, bootstrap: str, topic: str, slices: int = 10, slice_s: float = 60.0,
            start_ms: int | None = None, pace_s: float = 0.0, seed: int = 0, first_slice: int = 0,
            last_slice: int | None = None, topic_partitions: int = 3, batch_size: int = 1000,
-           prefix: str | None = None, log=None) -> dict:
+           prefix: str | None = None, log=None, compression: str | None = None) -> dict:
     """Produce the dataset's slices to `topic` (created with `topic_partitions` partitions when missing).
 
     start_ms: event time of slice 0 (default: now when pacing, else now rounded down to a whole slice).
@@ -125,7 +127,7 @@ def replay(graph: Graph, bootstrap: str, topic: str, slices: int = 10, slice_s: 
         for k, sl in enumerate(all_slices[first_slice:last + 1]):
             if pace_s > 0:  # a slice goes out once its event-time span has passed: no event from the future
                 time.sleep(max(0.0, t_start + (k + 1) * pace_s - time.monotonic()))
-            messages += send_slice(producer, topic, sl, parts, batch_size)
+            messages += send_slice(producer, topic, sl, parts, batch_size, compression)
             events += sl.events.num_rows
             producer.flush()
             if log:

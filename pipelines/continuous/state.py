@@ -31,6 +31,7 @@ SPLIT_CODES = {s: i for i, s in enumerate(SPLITS)}
 ADD_VERTEX, UPDATE_FEATURES, ADD_EDGE, REMOVE_EDGE, SET_LABEL = (OP_RANK[k] for k in (
     "add_vertex", "update_features", "add_edge", "remove_edge", "set_label"))
 APPLIED, NOOP, REJECTED = 0, 1, 2
+DENSE_SPAN, DENSE_MIN = 4, 1 << 16  # the id -> slot array covers ids below 4 x vertices + 64k
 GROWTH = 1.5  # capacity growth of the slot arrays (amortized O(1) appends, at most 1/3 unused)
 
 
@@ -93,6 +94,10 @@ class StreamGraph:
         self._sid = np.zeros(0, np.int64)                # sorted ids ...
         self._sslot = np.zeros(0, np.int64)              # ... and their slots
         self.ekeys = np.zeros(0, np.int64)               # sorted undirected edge keys over slots
+        # id -> slot by direct indexing while the ids are small non-negative integers (at most DENSE_SPAN x the
+        # vertices, int32): a lookup is one gather instead of a binary search that misses the cache at every
+        # step; None once an id falls outside (the sorted ids answer then)
+        self._dense: np.ndarray | None = np.zeros(0, np.int32)
 
     # ------------------------------------------------------------------------------------------------ queries
     @property
@@ -106,6 +111,10 @@ class StreamGraph:
     def slots_of(self, ids) -> np.ndarray:
         """The slot of each id, -1 for ids that are not vertices."""
         ids = np.asarray(ids, np.int64)
+        if self._dense is not None:
+            d = self._dense
+            inside = (ids >= 0) & (ids < d.size)
+            return np.where(inside, d[np.where(inside, ids, 0)] if d.size else -1, -1).astype(np.int64)
         pos = np.searchsorted(self._sid, ids)
         pos_c = np.minimum(pos, max(self._sid.size - 1, 0))
         found = (pos < self._sid.size) & (self._sid[pos_c] == ids) if self._sid.size else np.zeros(ids.shape, bool)
@@ -128,7 +137,7 @@ class StreamGraph:
     def nbytes(self) -> int:
         """Bytes held by the state's arrays (capacity included)."""
         return sum(a.nbytes for a in (self._ids, self._feat, self._label, self._split, self._sid, self._sslot,
-                                      self.ekeys))
+                                      self.ekeys)) + (self._dense.nbytes if self._dense is not None else 0)
 
     # ------------------------------------------------------------------------------------------------ apply
     def _exists_at(self, slot: np.ndarray, since: np.ndarray, pos: np.ndarray) -> np.ndarray:
@@ -221,22 +230,29 @@ class StreamGraph:
         touched = np.flatnonzero(mark)
         return Applied(outcome, reasons, touched)
 
-    def apply_table(self, t: pa.Table, num_classes: int | None = None) -> tuple[pa.Table, Applied, np.ndarray]:
+    def apply_table(self, t: pa.Table, num_classes: int | None = None) -> tuple[np.ndarray, Applied, np.ndarray]:
         """Apply a table of events (:data:`schemas.events.EVENT_SCHEMA`) in (event time, op rank, id) order;
-        returns the table in that order, what applying did and the op codes."""
-        code = op_codes(t)
-        t = t.append_column("_rank", pa.array(code)).sort_by(
-            [("event_time", "ascending"), ("_rank", "ascending"), ("event_id", "ascending")])
-        code = t.column("_rank").to_numpy()
-        t = t.drop_columns(["_rank"]).combine_chunks()
-        rows = (code == ADD_VERTEX) | (code == UPDATE_FEATURES)
+        returns that order (positions in `t`), what applying did and the op codes (both in that order).
+        Only the sort keys are sorted; the columns are gathered as numpy arrays (the table is not reordered)."""
+        code_t = op_codes(t)
+        order = pc.sort_indices(t.select(["event_time", "event_id"]).append_column("_rank", pa.array(code_t)),
+                                sort_keys=[("event_time", "ascending"), ("_rank", "ascending"),
+                                           ("event_id", "ascending")]).to_numpy()
+        code = code_t[order]
+        rows_t = (code_t == ADD_VERTEX) | (code_t == UPDATE_FEATURES)
         feats = None
-        if rows.any():
-            flat = pc.list_flatten(t.column("features").filter(pa.array(rows))).to_numpy()
-            feats = flat.astype(np.float32, copy=False).reshape(int(rows.sum()), -1)
-        res = self.apply(code, t.column("vertex").to_numpy(), pc.fill_null(t.column("dst"), -1).to_numpy(), feats,
-                         pc.fill_null(t.column("label"), -1).to_numpy(), split_codes(t), num_classes)
-        return t, res, code
+        if rows_t.any():
+            flat = pc.list_flatten(t.column("features").filter(pa.array(rows_t))).to_numpy()
+            feats_t = flat.astype(np.float32, copy=False).reshape(int(rows_t.sum()), -1)
+            feats = feats_t[(np.cumsum(rows_t) - 1)[order[rows_t[order]]]]  # the rows in application order
+
+        def col(name, fill=None):
+            c = t.column(name)
+            return (pc.fill_null(c, fill) if fill is not None else c).to_numpy()[order]
+
+        res = self.apply(code, col("vertex"), col("dst", -1), feats, col("label", -1), split_codes(t)[order],
+                         num_classes)
+        return order, res, code
 
     def _apply_edges(self, eidx: np.ndarray, code: np.ndarray, s_v: np.ndarray, s_d: np.ndarray) -> np.ndarray:
         """Apply the valid edge events at positions `eidx` (in order); returns which of them changed the graph.
@@ -279,6 +295,16 @@ class StreamGraph:
         self._sid = np.insert(self._sid, ins, ids[order])
         self._sslot = np.insert(self._sslot, ins, slots[order])
         self.n = need
+        if self._dense is not None:
+            top = int(ids.max())
+            if int(ids.min()) < 0 or top >= DENSE_SPAN * need + DENSE_MIN or need >= 1 << 31:
+                self._dense = None
+            else:
+                if top >= self._dense.size:
+                    d = np.full(max(top + 1, int(self._dense.size * GROWTH) + 16), -1, np.int32)
+                    d[:self._dense.size] = self._dense
+                    self._dense = d
+                self._dense[ids] = slots
 
     # --------------------------------------------------------------------------- one event at a time (tests)
     def _one(self, code: int, v: int, dst: int = -1, features=None, label: int = -1, split="none") -> bool:

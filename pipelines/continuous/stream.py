@@ -11,9 +11,11 @@ One process, two threads:
   to the graph (:class:`~pipelines.continuous.state.StreamGraph`), trains some epochs warm-started from the
   previous round's weights and optimizer state (the pipelined engine when the config asks for
   partitions/intervals/staleness, else whole-graph rounds on capacity buckets, :mod:`.trainer`, compiling once
-  per bucket), writes a model version into ``OUT/models/`` atomically, checkpoints (:mod:`.checkpoint`: a delta
-  of the round's events, a full base every N), announces the version on the models topic, and publishes the
-  predictions of the vertices whose k-hop neighbourhood changed to the predictions topic (:mod:`.predictions`).
+  per bucket, the next bucket compiled ahead in the background), writes a model version into ``OUT/models/``
+  atomically, checkpoints (:mod:`.checkpoint`: a delta of the round's events, a full base every N), announces the
+  version on the models topic. The predictions of the vertices whose k-hop neighbourhood changed go to the
+  predictions topic (:mod:`.predictions`) twice: right after the apply, by the newest version on the new graph
+  (so an event's effect is out without waiting for training), and after training, by the new version.
 
 Late events (event time below the cut of a round already taken) are applied by the next round (counted as
 ``late``), as long as they are above the dedupe horizon (watermark minus ``dedupe_retention_s``); older ones
@@ -168,7 +170,8 @@ class Stream(IngestMixin, PersistMixin):
         self.graph = StreamGraph(cfg.partitions, opts.feature_dim)
         self.round = 0
         self.version = 0
-        self.params: dict | None = None
+        self.params: dict | None = None          # the last round's weights (the next round warm-starts from them)
+        self.served: dict | None = None          # the weights of the newest version (what predictions use)
         self.opt_leaves: list | None = None
         self._treedef = None
         self.trainer = None
@@ -248,6 +251,8 @@ class Stream(IngestMixin, PersistMixin):
                 time.sleep(0.02)
         finally:
             self._stop.set()
+            if self.trainer is not None:
+                self.trainer.close()
             if self._ingest_thread is not None:
                 self._ingest_thread.join(timeout=30)
             if self._producer is not None:
@@ -285,21 +290,21 @@ class Stream(IngestMixin, PersistMixin):
         return taken, late
 
     def _apply(self, t: pa.Table, replay: bool = False):
-        """Apply events in (event time, op rank, id) order, column-wise. Returns the sorted table, outcome
-        codes, event times and op codes. replay: re-applying a checkpoint's delta (no counters, no dead letters)."""
+        """Apply events in (event time, op rank, id) order, column-wise. Returns, in that order, the event ids,
+        outcome codes, event times and op codes. replay: re-applying a checkpoint's delta (no counters, no dead letters)."""
         if t.num_rows == 0:
             z = np.zeros(0, np.int8)
-            return EVENT_SCHEMA.empty_table(), z, np.zeros(0, np.int64), z
+            return pa.array([], pa.string()), z, np.zeros(0, np.int64), z
         if self.num_classes is None:
             top = pc.max(pc.filter(t.column("label"), pc.equal(t.column("op"), "set_label"))).as_py()
             self.num_classes = max(2, (top if top is not None else -1) + 1)
-        t, res, code = self.graph.apply_table(t, self.num_classes)
-        times = t.column("event_time").cast(pa.int64()).to_numpy()
+        order, res, code = self.graph.apply_table(t, self.num_classes)
+        times = t.column("event_time").cast(pa.int64()).to_numpy()[order]
         outcome = res.outcome
         if not replay:
             if res.reasons:
                 idx = sorted(res.reasons)
-                self._dead_rows(t.take(pa.array(idx)), [res.reasons[i] for i in idx],
+                self._dead_rows(t.take(pa.array(order[idx])), [res.reasons[i] for i in idx],
                                 f"{self.opts.events_topic}/apply/round-{self.round + 1}")
             with self.lock:
                 self.counters["applied"] += int((outcome == APPLIED).sum())
@@ -307,28 +312,28 @@ class Stream(IngestMixin, PersistMixin):
                 self.counters["apply_rejected"] += int((outcome == REJECTED).sum())
                 self.counters["dead_letters"] += int((outcome == REJECTED).sum())
         self._touched.append(res.touched)
-        return t, outcome, times, code
+        return pc.take(t.column("event_id"), pa.array(order)), outcome, times, code
 
     def _round(self, cut: int | None, watermark: int) -> None:
-        from pipelines.continuous.trainer import compile_count
+        from pipelines.continuous.trainer import compile_count, precompile_count
 
         t0 = time.monotonic()
-        c0 = compile_count()
+        c0, pc0 = compile_count(), precompile_count()
         taken, late = self._extract(cut)
         k = self.round + 1
-        t, outcome, times, code = self._apply(taken)
+        ids_applied, outcome, times, code = self._apply(taken)
         t_applied = time.monotonic()
         graph, ids = self.graph.materialize(self.opts.name, self.num_classes or 2)
         with self.lock:
             ingested0 = self.counters["ingested"]
         part = self.graph.partition_stats()
         row: dict = {"round": k, "cut_ms": cut, "watermark_ms": watermark if watermark != NO_TIME else None,
-                     "final": cut is None, "events": t.num_rows,
+                     "final": cut is None, "events": taken.num_rows,
                      **{f"events_{o}": int((outcome == j).sum()) for j, o in enumerate(OUTCOMES)},
                      "late_in_round": late, "nodes": graph.num_nodes, "edges": graph.num_edges // 2,
                      "train": int(graph.train_mask.sum()), "val": int(graph.val_mask.sum()),
                      "test": int(graph.test_mask.sum()), "apply_s": t_applied - t0,
-                     "apply_eps": t.num_rows / max(t_applied - t0, 1e-9),
+                     "apply_eps": taken.num_rows / max(t_applied - t0, 1e-9),
                      "partition_balance": part["balance"], "edge_cut": part["edge_cut"]}
         self._unversioned.append(times[outcome == APPLIED])
         self._unpredicted.append(times[(outcome == APPLIED) & (code != SET_LABEL)])
@@ -338,8 +343,10 @@ class Stream(IngestMixin, PersistMixin):
             train_labels.size >= (self.opts.min_train_labels or graph.num_classes)
             and classes >= min(self.opts.min_train_classes or graph.num_classes, graph.num_classes)))
         info = None
-        if graph.num_nodes and enough and ((outcome == APPLIED).any() or self.params is None):
-            info = self._train_round(graph, ids, k, cut, row, ingested0)
+        will_train = bool(graph.num_nodes and enough and ((outcome == APPLIED).any() or self.params is None))
+        rows, dg = self._prompt_predictions(graph, ids, cut, row, will_train)
+        if will_train:
+            info = self._train_round(graph, ids, k, cut, row, ingested0, rows, dg)
         else:
             row.update({"version": self.version if self.version else None, "engine": None})
         self.round = k
@@ -347,18 +354,18 @@ class Stream(IngestMixin, PersistMixin):
             row.update({f"{k_}_total": v for k_, v in self.counters.items()})
             row["pending"] = self.pending_rows
             row["dedupe_ids"] = self.dedupe.size
-        row.update({"compiles": compile_count() - c0, "graph_bytes": self.graph.nbytes(), "rss_bytes": rss_bytes()})
+        row.update({"compiles": compile_count() - c0, "precompiles": precompile_count() - pc0, "graph_bytes": self.graph.nbytes(), "rss_bytes": rss_bytes()})
         if self.trainer is not None and self.trainer.shape is not None:
             row.update({"capacity_nodes": self.trainer.shape[0], "capacity_entries": self.trainer.shape[1],
                         "bucket_growths": self.trainer.growths})
-        self._journal(k, t.column("event_id"), outcome)
+        self._journal(k, ids_applied, outcome)
 
         def log(ck: dict) -> None:  # the row goes out with the checkpoint's size, before the commit
             row.update({"checkpoint_kind": ck["kind"], "checkpoint_bytes": ck["bytes"], "checkpoint_chain": ck["chain"],
                         "round_s": time.monotonic() - t0})
             self._log(row)
 
-        self._checkpoint(t, before_commit=log)
+        self._checkpoint(taken, before_commit=log)  # (a delta's order does not matter: applying sorts)
         self.last_row = row
         if info is not None:
             self._announce(info)
@@ -366,14 +373,28 @@ class Stream(IngestMixin, PersistMixin):
             self.on_round(row)
         self.last_round_end = time.monotonic()
 
-    def _train_round(self, graph, ids, k: int, cut, row: dict, ingested0: int) -> dict:
+    def _prompt_predictions(self, graph, ids, cut, row: dict, will_train: bool):
+        """Before the round trains: the predictions of the vertices whose k-hop neighbourhood changed, by the
+        newest version on the new graph, so users see an event's effect without waiting for the next version
+        (which publishes the same rows again). Returns those rows (None when not computed) and the device graph."""
+        if self._publisher is None or self.served is None or not self._touched and not self._refresh_predictions:
+            return None, None
+        if self.opts.predict == "none":
+            return None, None
+        rows = self._changed_rows(graph)
+        dg = self._round_trainer().device_graph(graph) if will_train or rows.size else None
+        if rows.size:
+            self._publish(graph, ids, rows, self.served, self.version, dg, cut, row, "prompt_")
+        return rows, dg
+
+    def _train_round(self, graph, ids, k: int, cut, row: dict, ingested0: int, rows=None, dg=None) -> dict:
         """Train the round, write and publish its version; fills the row; returns the version's info."""
         epochs = (self.opts.first_round_epochs or min(self.cfg.epochs, FIRST_ROUND_EPOCHS)) if self.params is None \
             else self.opts.round_epochs
         t1 = time.monotonic()
         self.training = True
         try:
-            result, engine, dg = self._train(graph, epochs, seed=self.cfg.seed + k - 1)
+            result, engine, dg = self._train(graph, epochs, seed=self.cfg.seed + k - 1, dg=dg)
         finally:
             self.training = False
         train_s = time.monotonic() - t1
@@ -383,6 +404,7 @@ class Stream(IngestMixin, PersistMixin):
         best = result.best_params if has_val and result.best_params is not None else result.params
         acc = result.summary if has_val else result.history[-1]
         self.params = result.params
+        self.served = best
         self.opt_leaves = self._flatten_opt(result.opt_state)
         self.version += 1
         version_ms = int(time.time() * 1000)
@@ -398,10 +420,15 @@ class Stream(IngestMixin, PersistMixin):
                     "ingest_during_training": ingested1 - ingested0,
                     "ingest_eps_during_training": (ingested1 - ingested0) / max(train_s, 1e-9),
                     "version_time_ms": version_ms, **_stats("lag_s", lag)})
-        self._predict(graph, ids, best, dg, cut if cut is not None else self.last_cut, row)
+        if self._publisher is not None:
+            if rows is None:
+                rows = self._changed_rows(graph)
+            self._publish(graph, ids, rows, best, self.version, dg, cut, row, "")
+        else:
+            self._touched, self._unpredicted = [], []
         return info
 
-    def _train(self, graph, epochs: int, seed: int):
+    def _train(self, graph, epochs: int, seed: int, dg=None):
         if self.cfg.feature_norm == "auto":
             # Decided once, on the first round's graph: a choice that flipped between rounds would hand the
             # warm-started weights differently scaled inputs. The checkpoint's config keeps it.
@@ -414,7 +441,7 @@ class Stream(IngestMixin, PersistMixin):
 
             return train_engine(cfg, graph, init_params=self.params, init_opt_state=opt), "pipelined", None
         tr = self._round_trainer()
-        dg = tr.device_graph(graph)
+        dg = dg if dg is not None else tr.device_graph(graph)
         return tr.train(graph, dg, epochs, seed, self.params, opt), "whole-graph", dg
 
     def _round_trainer(self):
@@ -424,37 +451,43 @@ class Stream(IngestMixin, PersistMixin):
             self.trainer = RoundTrainer(self.cfg)
         return self.trainer
 
-    def _predict(self, graph, ids: np.ndarray, params: dict, dg, watermark_ms, row: dict) -> None:
-        """Publish the logits of the vertices whose k-hop neighbourhood changed since the last version."""
+    def _changed_rows(self, graph) -> np.ndarray:
+        """The rows (materialized order) within k hops of a vertex whose inputs changed since the last
+        predictions (every row with --predict all or after a restart); consumes the touched slots."""
         from pipelines.continuous.predictions import khop
         from schemas.tasks import StageKind
 
+        touched, self._touched = self._touched, []
+        if self.opts.predict == "all" or self._refresh_predictions:
+            self._refresh_predictions = False
+            return np.arange(graph.num_nodes)
         mark = np.zeros(self.graph.num_vertices, bool)
-        for t_ in self._touched:
+        for t_ in touched:
             mark[t_] = True
-        touched = np.flatnonzero(mark)
-        self._touched = []
-        if self._publisher is None:
-            self._unpredicted = []
-            return
+        rank = np.empty(graph.num_nodes, np.int64)
+        rank[self.graph.order()] = np.arange(graph.num_nodes)
+        tr = self._round_trainer()
+        if tr.model is None:
+            tr.device_graph(graph)  # builds the model (the pipelined engine trains without this trainer)
+        hops = sum(st.kind == StageKind.GA for st in tr.model.stages)
+        return khop(graph.adj, rank[np.flatnonzero(mark)], hops)
+
+    def _publish(self, graph, ids: np.ndarray, rows: np.ndarray, params: dict, version: int, dg, cut, row: dict,
+                 prefix: str) -> None:
+        """Publish the logits of `rows` by `params` (version `version`) on this round's graph; the lag of the
+        input changes that no prediction covered yet ends here."""
         t0 = time.monotonic()
         tr = self._round_trainer()
         if dg is None:
             dg = tr.device_graph(graph)
-        if self.opts.predict == "all" or self._refresh_predictions:
-            rows = np.arange(graph.num_nodes)
-        else:
-            rank = np.empty(graph.num_nodes, np.int64)
-            rank[self.graph.order()] = np.arange(graph.num_nodes)
-            hops = sum(st.kind == StageKind.GA for st in tr.model.stages)
-            rows = khop(graph.adj, rank[touched], hops)
+        watermark_ms = cut if cut is not None else self.last_cut
         logits = tr.predict(params, dg, rows)
-        pub = self._publisher.publish(ids[rows], logits, self.version, int(watermark_ms or 0))
-        self._refresh_predictions = False
+        pub = self._publisher.publish(ids[rows], logits, version, int(watermark_ms or 0))
         lag = (pub["published_ms"] - np.concatenate(self._unpredicted)) / 1000.0 if self._unpredicted else []
         self._unpredicted = []
-        row.update({"predicted": pub["rows"], "prediction_messages": pub["messages"],
-                    "predict_s": time.monotonic() - t0, **_stats("prediction_lag_s", np.asarray(lag))})
+        row.update({f"{prefix}predicted": pub["rows"], f"{prefix}prediction_messages": pub["messages"],
+                    f"{prefix}predict_s": time.monotonic() - t0, f"{prefix}prediction_version": version,
+                    "prediction_watermark_ms": watermark_ms, **_stats(f"{prefix}prediction_lag_s", np.asarray(lag))})
 
     def _treedef_for(self, graph):
         if self._treedef is None:

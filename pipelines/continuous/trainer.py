@@ -31,11 +31,22 @@ _compiles = 0
 _lock = threading.Lock()
 
 
+_precompiles = 0
+PRECOMPILE_THREAD = "stream-precompile"
+PRECOMPILE_ROUNDS = 3  # compile the next bucket ahead when the last round's growth would outgrow it this soon
+# ... on graphs up to this many adjacency entries: there a compile costs more than many epochs, while on big graphs
+# the warm-up's epoch on dummy inputs and its memory would slow the rounds more than the compile saves
+PRECOMPILE_MAX_ENTRIES = 1 << 21
+
+
 def _on_event(event: str, duration: float, **kw) -> None:
-    global _compiles
+    global _compiles, _precompiles
     if event == "/jax/core/compile/backend_compile_duration":
         with _lock:
-            _compiles += 1
+            if threading.current_thread().name == PRECOMPILE_THREAD:
+                _precompiles += 1
+            else:
+                _compiles += 1
 
 
 jax.monitoring.register_event_duration_secs_listener(_on_event)
@@ -44,6 +55,11 @@ jax.monitoring.register_event_duration_secs_listener(_on_event)
 def compile_count() -> int:
     """XLA compiles in this process so far (every jit of a new function or shape counts one)."""
     return _compiles
+
+
+def precompile_count() -> int:
+    """XLA compiles done ahead, in the background, for a bucket the graph has not reached yet."""
+    return _precompiles
 
 
 def capacity(n: int, minimum: int = MIN_CAPACITY) -> int:
@@ -69,6 +85,11 @@ class RoundTrainer:
         self.logits = None
         self.shape: tuple[int, int] | None = None  # (vertex, entry) capacity of the last device graph
         self.growths = 0
+        self.precompile = True
+        self._last_size: tuple[int, int] | None = None
+        self._warmed: set[tuple[int, int]] = set()
+        self._warming: threading.Thread | None = None
+        self.precompile_error: BaseException | None = None
 
     def _build(self, graph: Graph) -> None:
         from pipelines.train import build_model, make_train_step
@@ -106,7 +127,50 @@ class RoundTrainer:
             return jnp.asarray(out)
 
         masks = tuple(pad(m) for m in (graph.train_mask, graph.val_mask, graph.test_mask))
+        self._warmed.add(shape)
+        if self.precompile:
+            self._maybe_precompile(a, x.shape[1], (n, a.nnz))
         return DeviceGraph(adj, jnp.asarray(xp), jnp.asarray(labels), masks)
+
+    def _maybe_precompile(self, a, width: int, size: tuple[int, int]) -> None:
+        """When the growth since the last round would outgrow a bucket within PRECOMPILE_ROUNDS rounds,
+        compile the step, evaluation and forward of the next bucket in a background thread (the jit caches
+        are per shape), so the round that outgrows it finds them compiled instead of waiting for XLA."""
+        last, self._last_size = self._last_size, size
+        if last is None or (self._warming is not None and self._warming.is_alive()):
+            return
+        nxt = tuple(capacity(c) if size[d] > last[d] and size[d] + PRECOMPILE_ROUNDS * (size[d] - last[d]) >= c
+                    else c for d, c in enumerate(self.shape))
+        if nxt in self._warmed or nxt[1] > PRECOMPILE_MAX_ENTRIES:
+            return
+        self._warmed.add(nxt)
+        # not a daemon: an interpreter exiting under a running XLA compile aborts the process
+        self._warming = threading.Thread(target=self._warm, args=(nxt, a, width), name=PRECOMPILE_THREAD)
+        self._warming.start()
+
+    def close(self) -> None:
+        """Wait for a compile ahead to finish."""
+        if self._warming is not None:
+            self._warming.join()
+
+    def _warm(self, shape: tuple[int, int], a, width: int) -> None:
+        try:
+            nc, ec = shape
+            # the arrays are built as device_graph and train build theirs, so the jit cache keys match
+            adj = Adjacency.from_scipy(a, nnz_pad=ec, rows_pad=nc, cols_pad=nc).to_device()
+            x = jnp.asarray(np.zeros((nc, width), np.float32))
+            labels = jnp.asarray(np.full(nc, -1, np.int32))
+            masks = tuple(jnp.asarray(np.zeros(nc, bool)) for _ in range(3))
+            params, opt_state = self.init_state(None, self.cfg.seed)
+            params = jax.tree_util.tree_map(lambda v: jax.device_put(np.array(v)), params)
+            opt_state = jax.tree_util.tree_map(lambda v: jax.device_put(np.array(v)), opt_state)
+            seeds = jnp.asarray(dropout_seeds(0, 0, len(self.model.stages)))
+            params, opt_state, loss = self.step(params, opt_state, adj, x, labels, masks[0], seeds)
+            float(loss)
+            self.evaluator(params, adj, x, labels, masks)
+            self.logits(params, adj, x).block_until_ready()
+        except BaseException as e:  # noqa: BLE001 - an optimization only: the round compiles as it would anyway
+            self.precompile_error = e
 
     def init_state(self, graph: Graph, seed: int):
         if self.model is None:
