@@ -155,11 +155,12 @@ def _fitted(costs) -> dict:
 def _matches(c: dict, kv: str) -> bool:
     key, _, value = kv.partition("=")
     if key not in c:
-        raise SystemExit(f"--only {kv}: unknown field {key!r} (one of {', '.join(c)})")
+        print(f"plan_check: --only {kv}: unknown field {key!r} (one of {', '.join(c)})", file=sys.stderr)
+        raise SystemExit(2)
     return float(c[key]) == float(value)
 
 
-def main(argv=None) -> int:
+def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--nodes", type=int, default=20000)
     p.add_argument("--degree", type=int, default=10)
@@ -190,12 +191,20 @@ def main(argv=None) -> int:
     p.add_argument("--repredict", metavar="DIR",
                    help="run nothing: predict again the configurations a --keep DIR holds (the same measured "
                         "runs, the current model)")
+    return p
+
+
+def main(argv=None) -> int:
+    p = _parser()
     args = p.parse_args(argv)
     if args.autogroup_nice is not None:
         try:
             Path("/proc/self/autogroup").write_text(str(args.autogroup_nice))
         except OSError as e:
             p.error(f"--autogroup-nice {args.autogroup_nice}: cannot set it ({e.strerror})")
+    todo = [c for c in configs(args.full) if all(_matches(c, kv) for kv in args.only)][: args.limit]
+    if not todo:
+        p.error(f"no configuration matches {' '.join(args.only)}")
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     import numpy as np
     from pipelines.data.registry import load_dataset
@@ -205,9 +214,6 @@ def main(argv=None) -> int:
     graph = load_dataset(spec, None, seed=args.seed)
     cores = float(os.cpu_count() or 1)
     root = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="plan_check_"))
-    todo = [c for c in configs(args.full) if all(_matches(c, kv) for kv in args.only)][: args.limit]
-    if not todo:
-        p.error(f"no configuration matches {' '.join(args.only)}")
     cal_cfg = {"partitions": 1, "workers": 1, "task_latency_s": 0.0, "staleness": 0}
     cal_runs = [(cal_cfg, K, f"k{K}") for K in args.calibration_intervals]
     if args.contention_partitions > 1:
