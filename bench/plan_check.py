@@ -3,16 +3,23 @@
     python bench/plan_check.py                     # 18 configurations (P x (pool, latency) x S)
     python bench/plan_check.py --full              # all 54: P 1,2,4 x pool 1,2,4 x latency 0,0.025,0.05 x S 0,1
     python bench/plan_check.py --nodes 20000 --epochs 8
+    flock /tmp/dorylus-bench.lock python bench/plan_check.py --autogroup-nice -19 --only partitions=4 --keep DIR
 
 On a mid-size synthetic graph (planted partition, --nodes vertices, --degree, --features), each configuration is a
 real engine run on this machine (memory transport, a local tensor-worker pool of `workers` threads with
 `--task-latency-s`, GCN, --intervals per partition); its epoch time is the steady-state gap between weight updates
 in its timeline (the median of the gaps pooled over --rounds runs, epoch 0, which compiles, left out). The
 simulator is calibrated back to back with each configuration, in the same process and the same load: before each
-of its runs, runs of the simplest configuration (P=1, one worker, no latency, S=0) at two block sizes
-(--calibration-intervals 2,6: the fixed cost per task and the slopes); the prediction uses those calibration
-timelines and the configuration's partition plan only. The machine is shared: each line reports the load average
-and the other processes' runnable threads (/proc/loadavg every 50 ms, minus this process's own) during its runs.
+of its runs, three calibration runs, one worker, no latency, S=0: P=1 at two block sizes (--calibration-intervals
+2,6: the fixed cost per task and the graph server's untimed work per task) and P=2 with one interval each
+(--contention-partitions: SC with real ghosts and the CPU of the graph servers' poll loop); the prediction uses
+those calibration timelines and the configuration's partition plan only. The machine is shared: each line reports
+the load average and the other processes' runnable threads (/proc/loadavg every 50 ms, minus this process's own)
+during its runs. With sched_autogroup (Linux's default on desktops and here) `nice` only orders threads within
+one session, so other sessions' `nice -n 19` jobs still take an equal share of the cores from a timing run;
+`--autogroup-nice -19` gives this run's session the priority the load discipline intends. `--only KEY=VALUE`
+runs a subset (e.g. `--only partitions=4`), `--repredict DIR` predicts a `--keep DIR` again with the current
+model without running anything.
 
 One JSON line per configuration: measured and predicted seconds per epoch, the error, the load average; then a
 `plan-check-summary` line with the worst case and whether every configuration is within --goal (15%).
@@ -56,8 +63,18 @@ def run_one(graph, spec: str, c: dict, args, out: Path, epochs: int, intervals: 
     (out / "config.toml").write_text(cfg.to_toml())
     load = os.getloadavg()[0]
     t0 = time.perf_counter()
-    with LoadSampler() as sampler:
-        train_engine(cfg, graph, out=out, evaluate=False)
+    from pipelines.engine.messages import EngineError
+
+    for attempt in (0, 1):
+        try:
+            with LoadSampler() as sampler:
+                train_engine(cfg, graph, out=out, evaluate=False, stall_timeout=args.stall_timeout)
+            break
+        except EngineError as e:   # a stalled run is reported and run once more, not a lost bench
+            print(json.dumps({"bench": "plan-check-stall", "dir": str(out), "error": str(e)}), flush=True)
+            if attempt:
+                raise
+            t0 = time.perf_counter()
     return cfg, load, sampler.background, time.perf_counter() - t0
 
 
@@ -123,7 +140,27 @@ class LoadSampler:
         return sum(self.samples) / len(self.samples) if self.samples else 0.0
 
 
-def main(argv=None) -> int:
+def _autogroup() -> str | None:
+    try:
+        return Path("/proc/self/autogroup").read_text().strip()
+    except OSError:
+        return None
+
+
+def _fitted(costs) -> dict:
+    return {"fitted_latency_s": round(costs.local_latency_s, 5), "fitted_gs_step_s": round(costs.gs_step_s, 5),
+            "fitted_poll_s": round(costs.poll_s, 6)}
+
+
+def _matches(c: dict, kv: str) -> bool:
+    key, _, value = kv.partition("=")
+    if key not in c:
+        print(f"plan_check: --only {kv}: unknown field {key!r} (one of {', '.join(c)})", file=sys.stderr)
+        raise SystemExit(2)
+    return float(c[key]) == float(value)
+
+
+def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--nodes", type=int, default=20000)
     p.add_argument("--degree", type=int, default=10)
@@ -133,13 +170,41 @@ def main(argv=None) -> int:
     p.add_argument("--calibration-epochs", type=int, default=10)
     p.add_argument("--calibration-intervals", type=lambda v: [int(x) for x in v.split(",")], default=[2, 6],
                    help="interval counts of the calibration runs (two block sizes: fixed cost and slope)")
+    p.add_argument("--contention-partitions", type=int, default=2,
+                   help="graph servers of the third calibration run (one worker, no latency, S=0, the smallest "
+                        "calibration block count spread over them): times the graph servers' poll loop; 0: none")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--rounds", type=int, default=2, help="(calibration, measurement) pairs per configuration")
     p.add_argument("--full", action="store_true", help="all 54 configurations")
     p.add_argument("--limit", type=int, help="only the first N configurations")
+    p.add_argument("--only", action="append", default=[], metavar="KEY=VALUE",
+                   help="only configurations with this field (partitions, workers, task_latency_s, staleness); "
+                        "repeatable")
     p.add_argument("--goal", type=float, default=GOAL)
+    p.add_argument("--stall-timeout", type=float, default=60.0,
+                   help="seconds without progress before a run counts as stalled (then it runs once more)")
     p.add_argument("--keep", help="keep the run directories here")
+    p.add_argument("--autogroup-nice", type=int, metavar="N",
+                   help="set this session's scheduler autogroup nice to N first (Linux with sched_autogroup: "
+                        "there `nice` orders threads only within a session, so other sessions' nice-19 jobs take "
+                        "an equal share from this run unless its autogroup is favoured; N < 0 needs root)")
+    p.add_argument("--repredict", metavar="DIR",
+                   help="run nothing: predict again the configurations a --keep DIR holds (the same measured "
+                        "runs, the current model)")
+    return p
+
+
+def main(argv=None) -> int:
+    p = _parser()
     args = p.parse_args(argv)
+    if args.autogroup_nice is not None:
+        try:
+            Path("/proc/self/autogroup").write_text(str(args.autogroup_nice))
+        except OSError as e:
+            p.error(f"--autogroup-nice {args.autogroup_nice}: cannot set it ({e.strerror})")
+    todo = [c for c in configs(args.full) if all(_matches(c, kv) for kv in args.only)][: args.limit]
+    if not todo:
+        p.error(f"no configuration matches {' '.join(args.only)}")
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     import numpy as np
     from pipelines.data.registry import load_dataset
@@ -149,9 +214,25 @@ def main(argv=None) -> int:
     graph = load_dataset(spec, None, seed=args.seed)
     cores = float(os.cpu_count() or 1)
     root = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="plan_check_"))
-    todo = configs(args.full)[: args.limit]
     cal_cfg = {"partitions": 1, "workers": 1, "task_latency_s": 0.0, "staleness": 0}
+    cal_runs = [(cal_cfg, K, f"k{K}") for K in args.calibration_intervals]
+    if args.contention_partitions > 1:
+        Pc = args.contention_partitions
+        cal_runs.append(({**cal_cfg, "partitions": Pc}, max(1, min(args.calibration_intervals) // Pc), f"p{Pc}"))
     rows = []
+    if args.repredict:
+        for d in sorted(Path(args.repredict).glob("run*")):
+            if not (d / "row.json").is_file():
+                continue
+            row = json.loads((d / "row.json").read_text())
+            costs, _ = calibrate(sorted(d.glob("r*-cal-*")), cores=cores)
+            cfg = load_run(next(d.glob("r*-measured"))).cfg
+            pred = predict(cfg, graph, costs, 0.0, args.epochs)
+            row.update(_fitted(costs), predicted_epoch_s=round(pred, 4),
+                       error=round(pred / row["measured_epoch_s"] - 1.0, 4))
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+        todo = []
     for k, c in enumerate(todo):
         # Calibrate back to back with the measurement, in the same process and the same load: runs of the
         # simplest configuration at two block sizes (the fixed cost per task and the slope), then the
@@ -159,9 +240,9 @@ def main(argv=None) -> int:
         # (calibration, measurement) so that a burst of other load during one run is outvoted.
         cal_dirs, cal_bg, gaps, loads, bgs, wall = [], [], [], [], [], 0.0
         for rnd in range(args.rounds):
-            for K in args.calibration_intervals:
-                d = root / f"run{k:02d}" / f"r{rnd}-cal-k{K}"
-                _, _, bg, _ = run_one(graph, spec, cal_cfg, args, d, args.calibration_epochs, K)
+            for cc, K, tag in cal_runs:
+                d = root / f"run{k:02d}" / f"r{rnd}-cal-{tag}"
+                _, _, bg, _ = run_one(graph, spec, cc, args, d, args.calibration_epochs, K)
                 cal_dirs.append(d)
                 cal_bg.append(bg)
             d = root / f"run{k:02d}" / f"r{rnd}-measured"
@@ -181,7 +262,8 @@ def main(argv=None) -> int:
                "predicted_epoch_s": round(pred, 4), "error": round(pred / measured - 1.0, 4),
                "load_avg_1m": round(load, 2), "background_threads": round(background, 2),
                "calibration_background_threads": round(sum(cal_bg) / len(cal_bg), 2),
-               "fitted_latency_s": round(costs.local_latency_s, 5), "rounds": args.rounds, "run_s": round(wall, 1)}
+               **_fitted(costs), "rounds": args.rounds, "run_s": round(wall, 1)}
+        (root / f"run{k:02d}" / "row.json").write_text(json.dumps(row))
         rows.append(row)
         print(json.dumps(row), flush=True)
     worst = max(rows, key=lambda r: abs(r["error"]))
@@ -192,6 +274,7 @@ def main(argv=None) -> int:
                                                 "measured_epoch_s", "predicted_epoch_s", "error")},
                "mean_abs_error": round(sum(abs(r["error"]) for r in rows) / len(rows), 4),
                "cores": cores, "load_avg_1m_end": round(os.getloadavg()[0], 2),
+               "autogroup": _autogroup(),
                "last_calibration": costs.to_json()}
     print(json.dumps(summary), flush=True)
     return 0

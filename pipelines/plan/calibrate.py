@@ -9,8 +9,9 @@ spans: a tensor task's compute time (`busy`, measured on the worker), a graph se
 parameter server's WU. Epoch 0 is left out (it compiles every stage). The measured times include the machine's
 other load: with `background` other runnable threads on `cores` cores, one of the run's threads got
 min(1, cores / (background + 1)) of a core, so a task's work is its time times that (the simulator then shares
-the cores among the simulated threads and the same background). One number is fitted to the runs' epoch times
-(`fit_wakeup`): the per-message hand-off latency.
+the cores among the simulated threads and the same background). Up to three numbers are fitted to the runs'
+epoch times (`fit_overheads`): the graph server's untimed work per tensor task, the CPU of one pass of its poll
+loop and the per-message hand-off latency.
 """
 from __future__ import annotations
 
@@ -57,6 +58,7 @@ class Costs:
     background: float = 0.0     # other runnable threads on the calibration machine while it ran
     cores: float = 1.0
     gs_step_s: float = 0.0      # graph-server thread time per tensor task outside any span (fitted)
+    poll_s: float = 0.0         # local: CPU of one pass of a graph server's poll loop (fitted)
 
     def seconds(self, kind: Task, size) -> float:
         a, b, c = self.coefficients(kind)
@@ -73,7 +75,7 @@ class Costs:
 
     def to_json(self) -> dict:
         return {"source": self.source, "local_latency_s": self.local_latency_s, "background": self.background,
-                "cores": self.cores, "gs_step_s": self.gs_step_s,
+                "cores": self.cores, "gs_step_s": self.gs_step_s, "poll_s": self.poll_s,
                 "kinds": {k.value: dict(zip(("per_base_s", "per_wide_s", "per_task_s"), self.coefficients(k)),
                                         samples=self.samples.get(k, 0)) for k in sorted(self.coef)}}
 
@@ -178,10 +180,13 @@ def _partition(r: dict) -> int:
 def samples(m: Measured, skip_epochs: int = 1) -> dict:
     """Task -> list of (work, seconds) measured in the run (epochs below skip_epochs left out)."""
     out: dict = {}
+    producers = model_reads(m.stages)[0]
     for r, s in tagged(m.rows, m.stages):
         kind = Task(r["kind"])
         if r["epoch"] < skip_epochs:
             continue
+        if kind == Task.GA and all(p == -1 for p in producers[s].values()):
+            continue   # Â·X of the input features: computed in epoch 0 only, later spans time a cache lookup
         if kind in TENSOR_TASKS:
             if r.get("busy") is None or r.get("attempt", 0):
                 continue
@@ -248,7 +253,7 @@ def calibrate(run_dirs, skip_epochs: int = 1, *, background: float | list = 0.0,
     latency = max(float(np.percentile(lat, 5)) / 2, 0.0) if lat else 0.0002
     source = ",".join(map(str, dirs))
     costs = Costs(coef, latency, source, {k: len(v) for k, v in pts.items()}, float(np.mean(bgs)), cores)
-    costs.local_latency_s = fit_wakeup(costs, runs)
+    costs = dataclasses.replace(costs, **fit_overheads(costs, runs))
     return costs, runs[0]
 
 
@@ -274,30 +279,62 @@ def local_layout(cfg, costs: Costs, *, background: float | None = None, cores: f
                   straggler_k=cfg.straggler_k, straggler_min_s=cfg.straggler_min_s)
 
 
-def fit_wakeup(costs: Costs, runs: list, hi: float = 0.1, rounds: int = 14) -> float:
-    """The per-message hand-off latency that makes the simulated calibration runs as slow as the measured ones
-    (bisection on their mean relative error; the simulated epoch time grows with it). A message wakes a thread
-    (a graph server's poll, a worker's queue, the parameter server); on a loaded machine that thread waits for a
-    core first, so on the schedule's critical path every hand-off costs the scheduler's latency, which the spans
-    do not show."""
+#: Bounds of the fitted overheads: (name, lower bound or None for the spans' latency floor, upper bound).
+OVERHEADS = (("gs_step_s", 0.0, 0.05), ("poll_s", 0.0, 0.002), ("local_latency_s", None, 0.1))
+
+
+def fit_overheads(costs: Costs, runs: list, iterations: int = 5) -> dict:
+    """The numbers the spans do not show, fitted so that the simulated calibration runs are as slow as the
+    measured ones (name -> value, for `Costs`):
+
+    - gs_step_s: the graph server's CPU per tensor task outside any span. The Python around each task (slicing
+      its inputs, building the message, padding and storing the result) holds the GIL, so it is work on the
+      process's core, paid at dispatch and at the result; with several graph servers it adds up instead of
+      overlapping. Told apart from the rest by runs of two block sizes (more, smaller tasks at about the same
+      kernel time).
+    - poll_s: one pass of a graph server's loop (poll the channels, walk its intervals, check stragglers),
+      which runs every 2 ms while it has tasks in flight (`gs.GraphServerSim.run`): several graph servers
+      waiting on one worker take the GIL from it that often. Needs a run with several graph servers (one
+      graph server polls only while the worker computes, which hides it).
+    - local_latency_s: the per-message hand-off latency (a woken thread waiting for a core), which overlaps
+      with other threads' work.
+
+    Gauss-Newton on the runs' relative epoch-time errors (finite differences of the simulated epoch times, the
+    `OVERHEADS` bounds, the latency at least the spans' floor); a number the runs cannot tell stays 0."""
+    from scipy.optimize import lsq_linear
+
     runs = [runs] if isinstance(runs, Measured) else runs
-    targets = [m.epoch_time() for m in runs]
+    targets = np.array([m.epoch_time() for m in runs])
+    floor = costs.local_latency_s
+    names = ["local_latency_s"]
+    if len({m.shape.intervals * m.shape.partitions for m in runs if m.shape.partitions == 1}) > 1:
+        names.append("gs_step_s")
+    if any(m.shape.partitions > 1 for m in runs) and len({(m.shape.partitions, m.shape.intervals)
+                                                          for m in runs}) > len(names):
+        names.append("poll_s")
+    bounds = {n: (floor if lo is None else lo, hi) for n, lo, hi in OVERHEADS}
+    x = {n: bounds[n][0] for n in names}
 
-    def error(x: float) -> float:
-        c = dataclasses.replace(costs, local_latency_s=x)
-        out = 0.0
-        for m, target in zip(runs, targets):
-            sim = simulate(local_layout(m.cfg, c), c, m.shape, m.stages, max(int(m.cfg.epochs), 3))
-            out += sim.epoch_time() / target - 1.0
-        return out / len(runs)
+    def times(v: dict) -> np.ndarray:
+        c = dataclasses.replace(costs, **v)
+        return np.array([simulate(local_layout(m.cfg, c), c, m.shape, m.stages, max(int(m.cfg.epochs), 3))
+                         .epoch_time() for m in runs])
 
-    lo = costs.local_latency_s
-    if error(lo) >= 0:
-        return lo
-    for _ in range(rounds):
-        mid = (lo + hi) / 2
-        if error(mid) < 0:
-            lo = mid
-        else:
-            hi = mid
-    return (lo + hi) / 2
+    t = times(x)
+    steps = {"local_latency_s": 5e-4, "gs_step_s": 1e-4, "poll_s": 2e-5}
+    for _ in range(iterations):
+        cols = []
+        for n in names:
+            d = max(steps[n], 0.3 * x[n])
+            cols.append((times({**x, n: x[n] + d}) - t) / d)
+        jac = np.column_stack(cols) / targets[:, None]
+        lo = [bounds[n][0] - x[n] for n in names]
+        hi = [bounds[n][1] - x[n] for n in names]
+        step = lsq_linear(jac, (targets - t) / targets, bounds=(lo, hi)).x
+        x = {n: x[n] + float(d) for n, d in zip(names, step)}
+        t_new = times(x)
+        converged = float(np.max(np.abs(t_new - t) / targets)) < 0.005
+        t = t_new
+        if converged:
+            break
+    return x
