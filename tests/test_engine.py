@@ -129,9 +129,11 @@ def test_relaunch_limit_follows_the_observed_task_times(cora):
                       straggler_min_s=0.5).resolved()
     gs = build_engine(cfg, cora).servers[0]
     assert gs.straggler_limit(TaskKind.AV) == graph_server.FIRST_TASK_S  # no reference yet: first tasks compile
-    gs.task_times[TaskKind.AV].extend([0.1] * 50)
+    for t in [0.1] * 50:
+        gs.observe_task_time(TaskKind.AV, t)
     assert gs.straggler_limit(TaskKind.AV) == 0.5
-    gs.task_times[TaskKind.AV].extend([3.0] * 20)  # under load the queue's wait grows, and so does the limit
+    for t in [3.0] * 20:  # under load the queue's wait grows, and so does the limit
+        gs.observe_task_time(TaskKind.AV, t)
     assert gs.straggler_limit(TaskKind.AV) == pytest.approx(6.0)
 
 

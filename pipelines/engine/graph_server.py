@@ -121,6 +121,7 @@ class GraphServer:
         self.state = [_Interval() for _ in range(self.num_intervals)]
         self.inflight: dict[tuple, list] = {}
         self.task_times = collections.defaultdict(lambda: collections.deque(maxlen=TASK_TIMES))
+        self._limits: dict[str, float] = {}  # task kind -> straggler_limit, until its next time arrives
         self.epoch_stats = collections.defaultdict(lambda: {"loss_sum": 0.0, "count": 0.0, "correct": 0.0, "n": 0})
         self.stop_after = epochs - 1
         self.busy_s = collections.Counter()
@@ -471,10 +472,17 @@ class GraphServer:
         relaunched, so under load it stayed below the queue's wait and every relaunch lengthened the queue
         further (a storm re-sending whole payloads). Until a kind has a time, its first tasks (which compile)
         have no reference: `FIRST_TASK_S`."""
-        times = self.task_times.get(kind)
-        if not times:
-            return max(self.straggler_min_s, FIRST_TASK_S)
-        return max(self.straggler_min_s, self.straggler_k * float(np.quantile(times, 0.9)))
+        limit = self._limits.get(kind)
+        if limit is None:
+            times = self.task_times.get(kind)
+            limit = FIRST_TASK_S if not times else self.straggler_k * float(np.quantile(times, 0.9))
+            limit = self._limits[kind] = max(self.straggler_min_s, limit)
+        return limit
+
+    def observe_task_time(self, kind: str, seconds: float) -> None:
+        """One send-to-result time of a task of this kind (from its first launch, relaunched or not)."""
+        self.task_times[kind].append(seconds)
+        self._limits.pop(kind, None)  # recomputed when next needed
 
     def _check_stragglers(self) -> None:
         now = time.monotonic()
@@ -501,7 +509,7 @@ class GraphServer:
         self._span(msg.kind, msg.epoch, msg.interval, entry[1], entry[1] + dt, lane="tensor-workers",
                    detail={"partition": self.partition, "attempt": entry[2], "busy": msg.meta.get("busy_s")})
         # from the first launch, relaunched or not: what a task of this kind takes under the current load
-        self.task_times[msg.kind].append(time.monotonic() - entry[3])
+        self.observe_task_time(msg.kind, time.monotonic() - entry[3])
         i, e, s = msg.interval, msg.epoch, msg.stage
         arrays = msg.arrays
         if msg.kind in ROW_LOCAL_KINDS:  # back to the interval's static row count
