@@ -185,6 +185,8 @@ def bench_epoch(bootstrap: str, epochs: int, partitions: int, intervals: int, gr
           "kafka_first_epoch_s": round(rows[0]["epoch_s"], 2), "kafka_shutdown_s": round(kaf["shutdown_s"], 2),
           "kafka_wall_s": round(wall, 1), "memory_test_acc": mem.summary["test_acc"],
           "kafka_test_acc": kaf["test_acc"],
+          "memory_relaunches": mem.summary["relaunches"], "kafka_relaunches": kaf.get("relaunches"),
+          "kafka_duplicates_skipped": kaf.get("duplicates_skipped"),
           "kafka_wire_mb": round(sum(kaf["transport"]["bytes"].values()) / 1e6, 2),
           "kafka_payload_mb": round(sum(kaf["transport"]["payload_bytes"].values()) / 1e6, 2),
           "kafka_payload_mb_per_epoch": {c: round(v / 1e6, 2) for c, v in wk.get("bytes_per_epoch", {}).items()},

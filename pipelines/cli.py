@@ -71,7 +71,7 @@ def _train_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--delay-s", type=float, help="mean injected delay (exponential), seconds")
     g.add_argument("--task-latency-s", type=float, help="fixed latency added to every tensor task of a local pool "
                                                         "(a remote worker's round trip; the worker sleeps)")
-    g.add_argument("--straggler-k", type=float, help="relaunch a task after max(min, k x EMA of task time)")
+    g.add_argument("--straggler-k", type=float, help="relaunch a late task after max(min, k x its kind's p90 time)")
     g.add_argument("--straggler-min-s", type=float)
     g.add_argument("--transport", choices=["memory", "kafka"])
     g.add_argument("--bootstrap", help="Kafka bootstrap HOST:PORT")

@@ -432,7 +432,7 @@ class KafkaRun:
         finals = self.finals
         self.pools.extend(finals[r]["stats"] for r in finals if r.startswith("tensor-worker-"))
         pool = {"busy_s": sum(float(s.get("busy_s", 0.0)) for s in self.pools)}
-        for k in ("tasks", "injected_failures", "injected_delays"):
+        for k in ("tasks", "injected_failures", "injected_delays", "duplicates_skipped"):
             pool[k] = sum(int(s.get(k, 0)) for s in self.pools)
         transport = merge_stats([self.transport.stats()] + [f.get("transport", {}) for f in finals.values()])
         return RoleStats(graph_servers=self.driver.reports, interval_epoch_spread=self.driver.spread, pool=pool,

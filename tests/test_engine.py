@@ -6,11 +6,13 @@ import scipy.sparse as sp
 from pipelines.config import ConfigError, TrainConfig
 from pipelines.data.graph import gcn_normalize
 from pipelines.data.registry import load_dataset
+from pipelines.engine import graph_server
 from pipelines.engine import messages as M
 from pipelines.engine.messages import EngineError, Message
 from pipelines.engine.partition import build_plan
 from pipelines.engine.runner import build_engine, train_engine
 from pipelines.train import train
+from schemas.tasks import TaskKind
 
 
 @pytest.fixture(scope="module")
@@ -122,6 +124,30 @@ def test_bounded_staleness_stays_in_the_accuracy_band(cora, staleness, wu):
     assert abs(r.summary["test_acc"] - base) <= 0.015, (r.summary["test_acc"], base)
 
 
+def test_relaunch_limit_follows_the_observed_task_times(cora):
+    cfg = TrainConfig(model="gcn", epochs=2, partitions=2, intervals=2, straggler_k=2.0,
+                      straggler_min_s=0.5).resolved()
+    gs = build_engine(cfg, cora).servers[0]
+    assert gs.straggler_limit(TaskKind.AV) == graph_server.FIRST_TASK_S  # no reference yet: first tasks compile
+    for t in [0.1] * 50:
+        gs.observe_task_time(TaskKind.AV, t)
+    assert gs.straggler_limit(TaskKind.AV) == 0.5
+    for t in [3.0] * 20:  # under load the queue's wait grows, and so does the limit
+        gs.observe_task_time(TaskKind.AV, t)
+    assert gs.straggler_limit(TaskKind.AV) == pytest.approx(6.0)
+
+
+def test_relaunches_of_answered_tasks_are_not_run_again(cora):
+    # One worker and a limit of a few ms: queued tasks are relaunched, but the worker has answered each one by
+    # the time it reaches its copy, so it drops the copy; the numbers are those of a run without relaunches.
+    base = dict(model="gcn", epochs=4, patience=0, partitions=2, intervals=4, staleness=0, tensor_workers=1)
+    quiet = train_engine(TrainConfig(**base, straggler_min_s=60.0).resolved(), cora)
+    eager = train_engine(TrainConfig(**base, straggler_min_s=0.001, straggler_k=0.01).resolved(), cora)
+    assert quiet.summary["relaunches"] == 0
+    assert eager.summary["relaunches"] > 0 and eager.summary["duplicates_skipped"] > 0
+    assert [h["loss"] for h in eager.history] == [h["loss"] for h in quiet.history]
+
+
 @pytest.mark.slow
 def test_training_survives_failures_and_delays(cora):
     cfg = TrainConfig(model="gcn", seed=1, epochs=120, partitions=2, intervals=4, staleness=1, fail_rate=0.1,
@@ -162,7 +188,6 @@ def test_unknown_interval_and_missing_weight_version_are_clear_errors(cora):
 
 def test_a_run_fails_loudly_when_a_role_dies(cora, monkeypatch):
     cfg = TrainConfig(model="gcn", epochs=5, partitions=2, intervals=2).resolved()
-    from pipelines.engine import graph_server
 
     def boom(self, msg):   # the first message a graph server handles kills it
         raise EngineError("graph server lost its partition")

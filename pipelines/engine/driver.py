@@ -189,6 +189,7 @@ def engine_summary(cfg: TrainConfig, graph: Graph, driver: EpochDriver, stats: R
         "max_interval_epoch_spread": stats.interval_epoch_spread,
         "relaunches": stats._gs_total("relaunches"),
         "duplicates_discarded": stats._gs_total("duplicates"),
+        "duplicates_skipped": int(pool.get("duplicates_skipped", 0)),  # relaunches the pool had already answered
         "busy_s": busy,
         "utilization": {
             "graph_servers": gs_busy / (seconds * cfg.partitions),

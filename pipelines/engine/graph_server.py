@@ -27,8 +27,13 @@ from schemas.tasks import Channel, Direction, Lifecycle, Message, StageKind, Sta
 
 
 #: γ of the ghost-value average in StalenessMode.SMOOTH. PipeGCN-GF uses 0.95; 0.98 measured better at S=2 on a
-#: 50,000-vertex planted graph at P=4 x 8 (0.8975 against 0.891; S=1 0.901 and 0.902; synchronous 0.909)
+#: 50,000-vertex planted graph at P=4 x 8 (0.8975 against 0.891; S=1 0.901 and 0.902; synchronous 0.909). Lower γ,
+#: a progress-tied γ and trend-corrected smoothing (Holt, Brown) lag less but damp less: README, 'Bounded staleness'
 GHOST_EMA = 0.98
+#: straggler relaunch (see `GraphServer.straggler_limit`): the window of send-to-result times per task kind, and
+#: the limit for a kind's first tasks, which compile and have no reference yet
+TASK_TIMES = 64
+FIRST_TASK_S = 30.0
 
 
 class _Interval:
@@ -49,7 +54,7 @@ class GraphServer:
     vertices' features (it keeps its column space); labels / train_mask: of its owned vertices; num_partitions:
     graph servers in the run; staleness: S, or None for synchronous; epochs: how many it runs; seed: dropout
     seeds; loss_scale: 1 / training vertices of the whole graph; straggler_k / straggler_min_s: relaunch a task
-    after max(min_s, k x its moving-average time); start_epoch: where a resumed run starts."""
+    after max(min_s, k x the p90 time of its kind) (`straggler_limit`); start_epoch: where a resumed run starts."""
 
     def __init__(self, transport, plan, model: models.Model, model_spec: dict, *, features: np.ndarray,
                  labels: np.ndarray, train_mask: np.ndarray, num_partitions: int, staleness: int | None,
@@ -115,7 +120,8 @@ class GraphServer:
         self.ghost_ids = {q: plan.ghosts[idx].astype(np.int64) for q, idx in plan.recv.items()}
         self.state = [_Interval() for _ in range(self.num_intervals)]
         self.inflight: dict[tuple, list] = {}
-        self.ema: dict[str, float] = {}
+        self.task_times = collections.defaultdict(lambda: collections.deque(maxlen=TASK_TIMES))
+        self._limits: dict[str, float] = {}  # task kind -> straggler_limit, until its next time arrives
         self.epoch_stats = collections.defaultdict(lambda: {"loss_sum": 0.0, "count": 0.0, "correct": 0.0, "n": 0})
         self.stop_after = epochs - 1
         self.busy_s = collections.Counter()
@@ -446,23 +452,44 @@ class GraphServer:
             meta = {**meta, "rows": int(self.blocks[i].shape[0])}
         msg = Message(kind, e, s, i, self.partition, self.version_for(e), arrays=arrays,
                       meta={"model": self.spec, "attempt": 0, **meta})
-        self.inflight[msg.key] = [msg, time.monotonic(), 0]
+        now = time.monotonic()
+        self.inflight[msg.key] = [msg, now, 0, now]  # message, last launch, relaunches, first launch
         self.transport.send(Channel.TENSOR_TASKS, 0, msg)
 
     def _relaunch(self, key, reason: str) -> None:
         entry = self.inflight[key]
-        msg, _, attempts = entry
+        msg, _, attempts = entry[:3]
         entry[1] = time.monotonic()
         entry[2] = attempts + 1
         self.relaunches += 1
         self.transport.send(Channel.TENSOR_TASKS, 0,
                             msg.replace(meta={**msg.meta, "attempt": attempts + 1, "reason": reason}))
 
+    def straggler_limit(self, kind: str) -> float:
+        """Seconds after which a task of this kind counts as late: max(min_s, k x the p90 of the last
+        `TASK_TIMES` send-to-result times of its kind). The times include the wait in the workers' queue, which
+        grows with the load; an average over first attempts only (the old rule) learnt nothing from the tasks it
+        relaunched, so under load it stayed below the queue's wait and every relaunch lengthened the queue
+        further (a storm re-sending whole payloads). Until a kind has a time, its first tasks (which compile)
+        have no reference: `FIRST_TASK_S`."""
+        limit = self._limits.get(kind)
+        if limit is None:
+            times = self.task_times.get(kind)
+            limit = FIRST_TASK_S if not times else self.straggler_k * float(np.quantile(times, 0.9))
+            limit = self._limits[kind] = max(self.straggler_min_s, limit)
+        return limit
+
+    def observe_task_time(self, kind: str, seconds: float) -> None:
+        """One send-to-result time of a task of this kind (from its first launch, relaunched or not)."""
+        self.task_times[kind].append(seconds)
+        self._limits.pop(kind, None)  # recomputed when next needed
+
     def _check_stragglers(self) -> None:
         now = time.monotonic()
-        for key, (msg, sent, _) in list(self.inflight.items()):
-            limit = max(self.straggler_min_s, self.straggler_k * self.ema.get(msg.kind, self.straggler_min_s))
-            if now - sent > limit:
+        for key, (msg, sent, attempts, _) in list(self.inflight.items()):
+            # each relaunch of the same task waits twice as long: a task that is late because the workers are
+            # busy is not sent again and again
+            if now - sent > self.straggler_limit(msg.kind) * 2 ** attempts:
                 self._relaunch(key, "late")
 
     def _on_result(self, msg: Message) -> None:
@@ -481,8 +508,8 @@ class GraphServer:
         dt = time.monotonic() - entry[1]
         self._span(msg.kind, msg.epoch, msg.interval, entry[1], entry[1] + dt, lane="tensor-workers",
                    detail={"partition": self.partition, "attempt": entry[2], "busy": msg.meta.get("busy_s")})
-        if entry[2] == 0:
-            self.ema[msg.kind] = dt if msg.kind not in self.ema else 0.8 * self.ema[msg.kind] + 0.2 * dt
+        # from the first launch, relaunched or not: what a task of this kind takes under the current load
+        self.observe_task_time(msg.kind, time.monotonic() - entry[3])
         i, e, s = msg.interval, msg.epoch, msg.stage
         arrays = msg.arrays
         if msg.kind in ROW_LOCAL_KINDS:  # back to the interval's static row count

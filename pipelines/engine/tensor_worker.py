@@ -3,6 +3,7 @@ with fault injection."""
 from __future__ import annotations
 
 import abc
+import collections
 import math
 import threading
 import time
@@ -111,6 +112,8 @@ class LocalPool(TensorWorker):
         self.delayed = 0
         self.active = 0
         self.peak_concurrency = 0
+        self.duplicates_skipped = 0
+        self._done: collections.OrderedDict = collections.OrderedDict()  # keys of tasks this pool completed
         self.error: BaseException | None = None
         self._lock = threading.Lock()
 
@@ -151,6 +154,11 @@ class LocalPool(TensorWorker):
 
     def _run(self, msg: Message) -> None:
         with self._lock:  # tasks in progress at once (sleeping through their latency included)
+            if msg.key in self._done:
+                # a relaunch of a task this pool already answered (it was late in the queue, not lost): running
+                # it again would only lengthen the queue the relaunch came from
+                self.duplicates_skipped += 1
+                return
             self.active += 1
             self.peak_concurrency = max(self.peak_concurrency, self.active)
         try:
@@ -189,6 +197,10 @@ class LocalPool(TensorWorker):
                                                                    meta={"stage_name": name}))
         reply.meta["busy_s"] = dt
         self.transport.send(Channel.TENSOR_RESULTS, msg.partition, reply)
+        with self._lock:
+            self._done[msg.key] = True
+            while len(self._done) > 100_000:
+                self._done.popitem(last=False)
 
     def stop(self) -> None:
         self._stop.set()
@@ -198,4 +210,5 @@ class LocalPool(TensorWorker):
     def stats(self) -> dict:
         return {"workers": self.size, "tasks": self.tasks, "busy_s": self.busy_s, "injected_failures": self.failed,
                 "injected_delays": self.delayed, "billed_ms": self.billed_ms,
+                "duplicates_skipped": self.duplicates_skipped,
                 "peak_concurrency": self.peak_concurrency}
