@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import collections
 
+import numpy as np
+
 from ops import models
+from pipelines.engine.graph_server import FIRST_TASK_S, TASK_TIMES
 from pipelines.engine.param_server import weight_version
 from pipelines.plan import des
 from pipelines.plan.shape import Step, Task, group_of, schedule, step_task, widths, wrt_inputs
@@ -57,7 +60,8 @@ class GraphServerSim:
         self.arrived_version = -1     # newest version on the weights channel, seen at the loop's top
         self.inflight: dict = {}
         self.busy_intervals = collections.Counter()   # interval -> tasks in flight (the engine scans inflight)
-        self.ema: dict = {}
+        self.task_times = collections.defaultdict(lambda: collections.deque(maxlen=TASK_TIMES))
+        self._limits: dict = {}
         self.relaunches = 0
         self.duplicates = 0
         self.max_staleness = 0
@@ -238,16 +242,24 @@ class GraphServerSim:
     def _dispatch(self, kind: Task, i: int, e: int, s: int):
         yield from self._overhead()
         msg = Msg(kind.value, e, s, i, self.p, self.version_for(e), meta={"attempt": 0})
-        self.inflight[msg.key] = [msg, self.loop.now, 0]
+        self.inflight[msg.key] = [msg, self.loop.now, 0, self.loop.now]  # last launch, relaunches, first launch
         self.busy_intervals[i] += 1
         self.pool.submit(msg)
 
+    def _straggler_limit(self, kind: str) -> float:
+        """The engine's rule (`GraphServer.straggler_limit`): max(min_s, k x the p90 of the kind's last send-to-
+        result times), `FIRST_TASK_S` before it has one; each relaunch of a task waits twice as long."""
+        limit = self._limits.get(kind)
+        if limit is None:
+            L, times = self.w.L, self.task_times.get(kind)
+            limit = FIRST_TASK_S if not times else L.straggler_k * float(np.quantile(times, 0.9))
+            limit = self._limits[kind] = max(L.straggler_min_s, limit)
+        return limit
+
     def _check_stragglers(self) -> None:
-        L = self.w.L
         for key, entry in list(self.inflight.items()):
-            msg, sent, attempts = entry
-            limit = max(L.straggler_min_s, L.straggler_k * self.ema.get(msg.kind, L.straggler_min_s))
-            if self.loop.now - sent > limit:
+            msg, sent, attempts = entry[:3]
+            if self.loop.now - sent > self._straggler_limit(msg.kind) * 2 ** attempts:
                 entry[1] = self.loop.now
                 entry[2] = attempts + 1
                 self.relaunches += 1
@@ -264,8 +276,8 @@ class GraphServerSim:
         dt = now - entry[1]
         self.w.span("tensor-workers", msg.kind, msg.epoch, msg.interval, entry[1], now, partition=self.p,
                     attempt=entry[2], busy=msg.meta.get("busy_s"))
-        if entry[2] == 0:
-            self.ema[msg.kind] = dt if msg.kind not in self.ema else 0.8 * self.ema[msg.kind] + 0.2 * dt
+        self.task_times[msg.kind].append(now - entry[3])
+        self._limits.pop(msg.kind, None)
         yield from self._overhead()
         i, e, s = msg.interval, msg.epoch, msg.stage
         if e != self.epoch[i]:
@@ -353,9 +365,8 @@ class GraphServerSim:
             return GS_POLL_IDLE_S
         if fresh or self.poll_s > 0:   # a new weight version: the next step may fire after this poll
             return GS_POLL_BUSY_S
-        L = self.w.L
-        due = min(sent + max(L.straggler_min_s, L.straggler_k * self.ema.get(msg.kind, L.straggler_min_s))
-                  for msg, sent, _ in self.inflight.values())
+        due = min(sent + self._straggler_limit(msg.kind) * 2 ** attempts
+                  for msg, sent, attempts, _ in self.inflight.values())
         return max(GS_POLL_BUSY_S, due - self.loop.now + 1e-9)
 
     def run(self):
