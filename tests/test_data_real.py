@@ -4,19 +4,21 @@ import pytest
 
 from pipelines.data import load_dataset
 from pipelines.data.graph import gcn_normalize
+from pipelines.data.splits import largest_component
 
 # name -> (nodes, directed edges both ways, features, classes, train, val, test, class counts)
 PLANETOID = {
     "cora": (2708, 10556, 1433, 7, 140, 500, 1000, [351, 217, 418, 818, 426, 298, 180]),
     "citeseer": (3327, 9104, 3703, 6, 120, 500, 1000, [249, 590, 668, 701, 596, 508]),
 }
+# name -> (nodes, directed edges both ways, features, classes, class counts, LCC nodes)
 NPZ = {
-    "cora-ml": (2995, 16316, 2879, 7, [354, 402, 452, 442, 857, 193, 295]),
-    "amazon-computers": (13752, 491722, 767, 10, [436, 2142, 1414, 542, 5158, 308, 487, 818, 2156, 291]),
+    "cora-ml": (2995, 16316, 2879, 7, [354, 402, 452, 442, 857, 193, 295], 2810),
+    "amazon-computers": (13752, 491722, 767, 10, [436, 2142, 1414, 542, 5158, 308, 487, 818, 2156, 291], 13381),
     "coauthor-cs": (18333, 163788, 6805, 15,
-                    [708, 462, 2050, 429, 1394, 2193, 371, 924, 775, 118, 1444, 2033, 420, 4136, 876]),
-    "gnn_benchmark/cora.npz": (2708, 10556, 1433, 7, [298, 418, 818, 426, 217, 180, 351]),
-    "gnn_benchmark/citeseer.npz": (3312, 9072, 3703, 6, [249, 596, 701, 508, 668, 590]),
+                    [708, 462, 2050, 429, 1394, 2193, 371, 924, 775, 118, 1444, 2033, 420, 4136, 876], 18333),
+    "gnn_benchmark/cora.npz": (2708, 10556, 1433, 7, [298, 418, 818, 426, 217, 180, 351], 2485),
+    "gnn_benchmark/citeseer.npz": (3312, 9072, 3703, 6, [249, 596, 701, 508, 668, 590], 2110),
 }
 
 
@@ -52,14 +54,18 @@ def test_citeseer_missing_test_nodes(data_dir):
 
 @pytest.mark.parametrize("spec", sorted(NPZ))
 def test_npz_statistics(data_dir, spec):
-    n, e, f, c, counts = NPZ[spec]
+    n, e, f, c, counts, lcc_nodes = NPZ[spec]
     g = load_dataset(str(data_dir / spec) if spec.endswith(".npz") else spec, data_dir, seed=0)
     assert (g.num_nodes, g.num_edges, g.feature_dim, g.num_classes) == (n, e, f, c)
     assert np.bincount(g.labels).tolist() == counts
-    # Shchur split: 20 train and 30 val per class, every other node test
+    # Shchur split: over the largest connected component, 20 train and 30 val per class, every other LCC node test;
+    # the graph keeps every node
+    lcc = largest_component(g.adj)
+    assert lcc.sum() == lcc_nodes
     assert np.bincount(g.labels[g.train_mask], minlength=c).tolist() == [20] * c
     assert np.bincount(g.labels[g.val_mask], minlength=c).tolist() == [30] * c
-    assert g.test_mask.sum() == n - 50 * c
+    assert g.test_mask.sum() == lcc_nodes - 50 * c
+    assert not ((g.train_mask | g.val_mask | g.test_mask) & ~lcc).any()
     _check_record(g)
 
 

@@ -1,9 +1,11 @@
 """SparseGraph npz loader room: Shchur's gnn-benchmark flat `.npz` files (adj_*, attr_*, labels).
 
-The whole graph is loaded, not its largest connected component as in Shchur et al. 2018: every other
-loader here keeps every node, and full-graph training (the point of Dorylus) has no reason to drop the
-small components. Counts therefore match PyG's Amazon/Coauthor datasets, which also keep the full graph.
-The split is Shchur's: per class 20 random train and 30 random val nodes, every other node test, seeded.
+The whole graph is loaded (counts match PyG's Amazon/Coauthor datasets, which keep the full graph), and the
+split is Shchur et al. 2018's: drawn over the largest connected component (LCC) only, per class 20 random
+train and 30 random val vertices, every other LCC vertex test, seeded. Vertices outside the LCC stay in the
+graph and are trained over, in no mask: no message reaches them from the LCC, so LCC predictions are
+exactly those of a model trained on the LCC alone, as Shchur's numbers are. Amazon Computers' 371 vertices
+outside its LCC (281 isolated) have only their features, which a GCN classifies at about 30% there.
 """
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ import scipy.sparse as sp
 
 from pipelines.data.features import degree_features
 from pipelines.data.graph import DataError, Graph, make_graph
-from pipelines.data.splits import per_class_split
+from pipelines.data.splits import largest_component, per_class_split
 
 TRAIN_PER_CLASS = 20
 VAL_PER_CLASS = 30
@@ -41,7 +43,7 @@ def load_npz(
     train_per_class: int = TRAIN_PER_CLASS,
     val_per_class: int = VAL_PER_CLASS,
 ) -> Graph:
-    """Load a flat SparseGraph npz (no pickles allowed) with a seeded per-class split.
+    """Load a flat SparseGraph npz (no pickles allowed) with a seeded per-class split over the LCC.
 
     Without attr_* arrays (or a dense attr_matrix) the nodes get `degree_features`.
     """
@@ -76,6 +78,9 @@ def load_npz(
     if features.shape[0] != adj.shape[0]:
         raise DataError(f"{path}: feature rows {features.shape[0]} do not match node count {adj.shape[0]}")
     num_classes = int(labels.max()) + 1 if labels.size and labels.max() >= 0 else 0
-    train, val, test = per_class_split(labels, num_classes, train_per_class, val_per_class, seed)
+    # the LCC of the symmetrized graph; make_graph symmetrizes the same edges below
+    lcc = largest_component(adj)
+    train, val, test = per_class_split(np.where(lcc, labels, -1), num_classes, train_per_class, val_per_class,
+                                       seed)
     coo = adj.tocoo()
     return make_graph(name, coo.row, coo.col, features, labels, train, val, test, num_classes=num_classes)

@@ -2,8 +2,18 @@
 from __future__ import annotations
 
 import numpy as np
+import scipy.sparse as sp
 
 from pipelines.data.graph import DataError
+
+
+def largest_component(adj: sp.spmatrix) -> np.ndarray:
+    """bool [N]: the vertices of the largest connected component of the (undirected) graph."""
+    n = adj.shape[0]
+    if n == 0:
+        return np.zeros(0, dtype=bool)
+    _, comp = sp.csgraph.connected_components(adj, directed=False)
+    return comp == np.bincount(comp).argmax()
 
 
 def per_class_split(
