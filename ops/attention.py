@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 
 from ops import dense
-from ops.sparse import Adjacency, _csr_matmul
+from ops.sparse import Adjacency
 
 # Every per-edge value lives only inside one chunk of CHUNK edges. The forward makes three passes over the
 # chunks (each row's max score, the softmax's sums, the gather of α-weighted z); the backward one, recomputing
@@ -118,106 +118,6 @@ def _attend_bwd(negative_slope, rate, res, g):
 _attend.defvjp(_attend_fwd, _attend_bwd)
 
 
-# With the block's transpose at hand (GAT's whole-graph block keeps it), every per-row and per-column sum of
-# the kernel is a CSR product, which runs as XLA's CPU sparse-dense kernel; the chunked loop above runs them
-# as scatters, element by element. Per head: the softmax's row sums (values e, times ones), the gather
-# (values e·keep/(1-p), times z, divided by the row sum afterwards), and in the backward dz (the transpose's
-# values, times g / s), the SDDMM <g[row], z[col]> as one fused gather-reduce, and the sums of ∂pre over
-# rows and columns. The shift of the softmax is a per-row bound, leaky(s_dst[r] + max_c s_src[c]) >= every
-# logit of row r (LeakyReLU is increasing), not the row's max: the softmax does not depend on the shift, and
-# a row whose sum would underflow with it (a bound far above the row's scores) sends the whole step to the
-# exact row max instead. Per-edge arrays are [E] per head, transient.
-_TINY = 1e-30
-
-
-def _csr(values, indices, indptr, x, nrows):
-    return _csr_matmul(values, indices, indptr, x, nrows)
-
-
-def _ones(n):
-    return jnp.ones((n, 1), jnp.float32)
-
-
-def _csr_forward(adj, s_src, s_dst, z, seed, slope, rate):
-    r, heads = s_dst.shape
-    c = s_src.shape[0]
-    rows, cols, valid = adj.row_ids, adj.indices, adj.data != 0
-    keys = dense.edge_keys(adj)
-    rsum = lambda v: _csr(v, adj.indices, adj.indptr, _ones(c), r)[:, 0]
-    pre = s_dst[rows] + s_src[cols]                                       # [E, H], fused into its consumers
-    logits = jnp.where(valid[:, None], jax.nn.leaky_relu(pre, slope), -jnp.inf)
-
-    def sums(m):
-        return jnp.stack([rsum(jnp.exp(logits[:, h] - m[rows, h])) for h in range(heads)], axis=1)
-
-    top = jnp.max(jnp.where(jnp.isfinite(s_src), s_src, -jnp.inf), axis=0)
-    bound = jax.nn.leaky_relu(s_dst + jnp.where(jnp.isfinite(top), top, 0.0), slope)
-    s_bound = sums(bound)
-    has = rsum(valid.astype(jnp.float32)) > 0
-
-    def exact():
-        m = jax.ops.segment_max(logits, rows, num_segments=r, indices_are_sorted=True)
-        m = jnp.where(jnp.isfinite(m), m, 0.0)
-        return m, sums(m)
-
-    m, s = jax.lax.cond(jnp.any(has[:, None] & (s_bound < _TINY)), exact, lambda: (bound, s_bound))
-    outs = []
-    for h in range(heads):
-        v = jnp.exp(logits[:, h] - m[rows, h])
-        if rate > 0.0:
-            keep = dense.random_bits(seed, keys, jnp.arange(h, h + 1, dtype=jnp.uint32))[:, 0] >= rate
-            v = jnp.where(keep, v / (1.0 - rate), 0.0)
-        outs.append(_csr(v, adj.indices, adj.indptr, z[:, h, :], r) / (s[:, h, None] + 1e-16))
-    return jnp.stack(outs, axis=1), m, s
-
-
-def _csr_backward(adj, s_src, s_dst, z, seed, m, s, out, g, slope, rate):
-    r, heads = s_dst.shape
-    c = s_src.shape[0]
-    rows, cols, valid = adj.row_ids, adj.indices, adj.data != 0
-    keys = dense.edge_keys(adj)
-    tp = adj.t_perm
-    row_term = jnp.sum(g * out, axis=-1)                        # Σ_e α_e ∂α_e per (row, head)
-    gs = g / (s[:, :, None] + 1e-16)
-    dz, ds_src, ds_dst = [], [], []
-    for h in range(heads):
-        pre = s_dst[rows, h] + s_src[cols, h]
-        e = jnp.where(valid, jnp.exp(jax.nn.leaky_relu(pre, slope) - m[rows, h]), 0.0)
-        keep = None
-        if rate > 0.0:
-            keep = dense.random_bits(seed, keys, jnp.arange(h, h + 1, dtype=jnp.uint32))[:, 0] >= rate
-        v = e if keep is None else jnp.where(keep, e / (1.0 - rate), 0.0)
-        dz.append(_csr(v[tp], adj.t_indices, adj.t_indptr, gs[:, h, :], c))
-        # ∂α' = <g[row], z[col]> (SDDMM); ∂α = ∂α'·keep/(1-p); ∂logit = α (∂α - Σ α ∂α)
-        d_alpha = jnp.sum(g[rows, h, :] * z[cols, h, :], axis=-1)
-        if keep is not None:
-            d_alpha = jnp.where(keep, d_alpha / (1.0 - rate), 0.0)
-        alpha = e / (s[rows, h] + 1e-16)
-        d_pre = alpha * (d_alpha - row_term[rows, h]) * jnp.where(pre >= 0, 1.0, slope)
-        ds_dst.append(_csr(d_pre, adj.indices, adj.indptr, _ones(c), r)[:, 0])
-        ds_src.append(_csr(d_pre[tp], adj.t_indices, adj.t_indptr, _ones(r), c)[:, 0])
-    return jnp.stack(dz, axis=1), jnp.stack(ds_src, axis=1), jnp.stack(ds_dst, axis=1)
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6))
-def _attend_csr(adj, s_src, s_dst, z, seed, negative_slope, rate):
-    return _csr_forward(adj, s_src, s_dst, z, seed, negative_slope, rate)[0]
-
-
-def _attend_csr_fwd(adj, s_src, s_dst, z, seed, negative_slope, rate):
-    out, m, s = _csr_forward(adj, s_src, s_dst, z, seed, negative_slope, rate)
-    return out, (adj, s_src, s_dst, z, seed, m, s, out)
-
-
-def _attend_csr_bwd(negative_slope, rate, res, g):
-    adj, s_src, s_dst, z, seed, m, s, out = res
-    dz, ds_src, ds_dst = _csr_backward(adj, s_src, s_dst, z, seed, m, s, out, g, negative_slope, rate)
-    return None, ds_src, ds_dst, dz, None
-
-
-_attend_csr.defvjp(_attend_csr_fwd, _attend_csr_bwd)
-
-
 def attend_and_gather(adj: Adjacency, s_src: jax.Array, s_dst: jax.Array, z: jax.Array, *,
                       negative_slope: float = 0.2, rate: float = 0.0, seed=None) -> jax.Array:
     """out[r, h] = Σ_e α'[e, h] · z[col(e), h]: `dense.apply_edge` then `sparse.gather_weighted`, fused.
@@ -227,5 +127,4 @@ def attend_and_gather(adj: Adjacency, s_src: jax.Array, s_dst: jax.Array, z: jax
     """
     if seed is None or rate <= 0.0:
         rate, seed = 0.0, jnp.uint32(0)
-    kernel = _attend if adj.t_perm is None else _attend_csr
-    return kernel(adj, s_src, s_dst, z, jnp.asarray(seed, jnp.uint32), float(negative_slope), float(rate))
+    return _attend(adj, s_src, s_dst, z, jnp.asarray(seed, jnp.uint32), float(negative_slope), float(rate))
