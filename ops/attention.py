@@ -10,8 +10,8 @@ import jax.numpy as jnp
 from ops import dense
 from ops.sparse import Adjacency
 
-# Every per-edge value lives only inside one chunk of CHUNK edges. The forward makes three passes over the
-# chunks (each row's max score, the softmax's sums, the gather of α-weighted z); the backward one, recomputing
+# Every per-edge value lives only inside one chunk of CHUNK edges. The forward makes one pass over the chunks
+# (the softmax's sums and the gather of e-weighted z together, see `_forward`); the backward one, recomputing
 # α from the scores and the saved per-row max and sum. So the step holds vertex-sized arrays (z, the output,
 # the scores) and [CHUNK, heads, F] transients, never an [E, heads] or [E, heads, F] array: the separate AE
 # and GA stages keep α, its logits, softmax terms and dropout mask for the backward, and the BCSR gather and
@@ -60,27 +60,52 @@ def _loop(n, body, init):
 
 
 def _forward(adj, s_src, s_dst, z, seed, slope, rate):
+    """One pass over the chunks accumulates each row's softmax sum and its unnormalized gather together, the
+    softmax shifted by a per-row bound instead of the row's max (see `_shift`); out = gather / sum."""
     ed = _edges(adj)
     n, (r, h) = ed.rows.shape[0], s_dst.shape
 
-    def row_max(i, m):
-        return m.at[ed.rows[i]].max(_scores(s_src, s_dst, ed, i, slope)[1], indices_are_sorted=True)
+    def accumulate(m):
+        def body(i, acc):
+            s, out, count = acc
+            rows = ed.rows[i]
+            e = jnp.where(ed.valid[i][:, None], jnp.exp(_scores(s_src, s_dst, ed, i, slope)[1] - m[rows]), 0.0)
+            dropped = e
+            if rate > 0.0:
+                keep = dense.random_bits(seed, ed.keys[i], jnp.arange(h, dtype=jnp.uint32)) >= rate
+                dropped = jnp.where(keep, e / (1.0 - rate), 0.0)
+            return (s.at[rows].add(e, indices_are_sorted=True),
+                    out.at[rows].add(dropped[:, :, None] * z[ed.cols[i]], indices_are_sorted=True),
+                    count.at[rows].add(ed.valid[i].astype(jnp.float32), indices_are_sorted=True))
 
-    m = _loop(n, row_max, jnp.full((r, h), -jnp.inf, s_dst.dtype))
-    m = jnp.where(jnp.isfinite(m), m, 0.0)
+        init = (jnp.zeros((r, h), s_dst.dtype), jnp.zeros((r, *z.shape[1:]), z.dtype), jnp.zeros((r,), jnp.float32))
+        return _loop(n, body, init)
 
-    def row_sum(i, s):
-        logits = _scores(s_src, s_dst, ed, i, slope)[1]
-        return s.at[ed.rows[i]].add(jnp.exp(logits - m[ed.rows[i]]), indices_are_sorted=True)
+    def exact():
+        def row_max(i, m):
+            return m.at[ed.rows[i]].max(_scores(s_src, s_dst, ed, i, slope)[1], indices_are_sorted=True)
 
-    s = _loop(n, row_sum, jnp.zeros((r, h), s_dst.dtype))
+        m = _loop(n, row_max, jnp.full((r, h), -jnp.inf, s_dst.dtype))
+        m = jnp.where(jnp.isfinite(m), m, 0.0)
+        return (m, *accumulate(m)[:2])
 
-    def gather(i, out):
-        _, dropped = _alpha(_scores(s_src, s_dst, ed, i, slope)[1], m, s, ed, i, seed, rate)
-        return out.at[ed.rows[i]].add(dropped[:, :, None] * z[ed.cols[i]], indices_are_sorted=True)
+    bound = _shift(s_src, s_dst, slope)
+    s_b, out_b, count = accumulate(bound)
+    underflow = jnp.any((count[:, None] > 0) & (s_b < _TINY))
+    m, s, out = jax.lax.cond(underflow, exact, lambda: (bound, s_b, out_b))
+    return out / (s[:, :, None] + 1e-16), m, s
 
-    out = _loop(n, gather, jnp.zeros((r, *z.shape[1:]), z.dtype))
-    return out, m, s
+
+# The softmax does not depend on its shift, so any per-row upper bound of the logits keeps exp() <= 1 without
+# the pass for the row's max: leaky(s_dst[r] + max_c s_src[c]) bounds every logit of row r (LeakyReLU is
+# increasing). A row whose sum would underflow with it (a bound far above the row's own scores) sends the step
+# to the exact max; above _TINY every term that matters (α > 1e-8) stays a normal float.
+_TINY = 1e-30
+
+
+def _shift(s_src, s_dst, slope):
+    top = jnp.max(s_src, axis=0)
+    return jax.nn.leaky_relu(s_dst + jnp.where(jnp.isfinite(top), top, 0.0), slope)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6))

@@ -1,6 +1,8 @@
 """AV and AE: the dense, row-local and edge-local tensor tasks, plus counter-based dropout and the loss."""
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 
@@ -60,6 +62,85 @@ def apply_vertex(params: dict, x: jax.Array, *, act_in=None, act_out=None, rate:
         z = z.reshape(z.shape[0], heads, -1)
         return {"z": z, "s_src": jnp.sum(z * params["a_src"], -1), "s_dst": jnp.sum(z * params["a_dst"], -1)}
     return {"z": z}
+
+
+#: rows per block of `row_blocked`: [ROW_BLOCK, 256] float32 is 16 MB, a GEMM still large enough for full speed
+ROW_BLOCK = 1 << 14
+
+
+def row_blocked(fn, params, x: jax.Array, row_gids: jax.Array, seeds, *, need_dx: bool = True,
+                block: int | None = None):
+    """fn(params, x, row_gids, seeds) for a row-local fn (a chain of AV stages), over blocks of `block` rows.
+
+    Forward and backward run block by block, and the backward recomputes each block's forward (its dropout
+    masks come from the counter-based seeds), so no intermediate of the chain lives at the graph's size: the
+    step keeps x, the output and [block, width] transients, where the plain VJP keeps every layer's
+    pre-activation and dropped input at N rows. Rows are independent, so values equal fn(...) up to the
+    summation order of the weight gradients. need_dx=False (x needs no gradient: the input features or their
+    constant Â·X) skips the input gradient's GEMM.
+    """
+    block = ROW_BLOCK if block is None else int(block)
+    return _blocked(fn, max(1, min(block, x.shape[0])), bool(need_dx), params, x, row_gids, seeds)
+
+
+def _map_blocks(f, block: int, x, gids):
+    """Apply f(x_block, gid_block) to every block of rows and stack the outputs (a pytree)."""
+    n = x.shape[0]
+    full, rem = divmod(n, block)
+
+    def sl(a, start, size):
+        return jax.lax.dynamic_slice_in_dim(a, start, size)
+
+    shapes = jax.eval_shape(f, sl(x, 0, block), sl(gids, 0, block))
+    out = jax.tree_util.tree_map(lambda s: jnp.zeros((n, *s.shape[1:]), s.dtype), shapes)
+
+    def put(out, start, size):
+        y = f(sl(x, start, size), sl(gids, start, size))
+        return jax.tree_util.tree_map(lambda o, v: jax.lax.dynamic_update_slice_in_dim(o, v, start, 0), out, y)
+
+    out = jax.lax.fori_loop(0, full, lambda i, o: put(o, i * block, block), out)
+    return put(out, full * block, rem) if rem else out
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2))
+def _blocked(fn, block, need_dx, params, x, gids, seeds):
+    return _map_blocks(lambda xb, gb: fn(params, xb, gb, seeds), block, x, gids)
+
+
+def _blocked_fwd(fn, block, need_dx, params, x, gids, seeds):
+    return _blocked(fn, block, need_dx, params, x, gids, seeds), (params, x, gids, seeds)
+
+
+def _blocked_bwd(fn, block, need_dx, res, g):
+    params, x, gids, seeds = res
+    n = x.shape[0]
+    full, rem = divmod(n, block)
+
+    def grads(start, size):
+        xb = jax.lax.dynamic_slice_in_dim(x, start, size)
+        gb = jax.lax.dynamic_slice_in_dim(gids, start, size)
+        cb = jax.tree_util.tree_map(lambda v: jax.lax.dynamic_slice_in_dim(v, start, size), g)
+        if need_dx:
+            _, pull = jax.vjp(lambda p, xx: fn(p, xx, gb, seeds), params, xb)
+            return pull(cb)
+        _, pull = jax.vjp(lambda p: fn(p, xb, gb, seeds), params)
+        return pull(cb)[0], None
+
+    def step(start, size, acc):
+        dp, dx = acc
+        dpb, dxb = grads(start, size)
+        dp = jax.tree_util.tree_map(jnp.add, dp, dpb)
+        return dp, None if dx is None else jax.lax.dynamic_update_slice_in_dim(dx, dxb, start, 0)
+
+    acc = (jax.tree_util.tree_map(jnp.zeros_like, params), jnp.zeros_like(x) if need_dx else None)
+    acc = jax.lax.fori_loop(0, full, lambda i, a: step(i * block, block, a), acc)
+    if rem:
+        acc = step(full * block, rem, acc)
+    dp, dx = acc
+    return dp, dx, None, None
+
+
+_blocked.defvjp(_blocked_fwd, _blocked_bwd)
 
 
 def edge_logits(s_src: jax.Array, s_dst: jax.Array, adj, negative_slope: float = 0.2):

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Callable, NamedTuple
 
 import jax
@@ -245,14 +246,62 @@ def run_stage(stage: Stage, params: dict, state: dict, adj: sparse.Adjacency, se
     raise ValueError(f"run_stage does not run {stage.kind} stages")
 
 
-def forward(model: Model, params: dict, adj: sparse.Adjacency, x: jax.Array, seeds=None) -> jax.Array:
+@jax.tree_util.register_pytree_node_class
+class Aggregated:
+    """Vertex rows after a model's leading constant stages (`constant_prefix`): `h` is what stage `done` reads.
+
+    `done` is static pytree metadata, so a jitted forward compiles once per prefix length.
+    """
+
+    def __init__(self, h: jax.Array, done: int):
+        self.h = h
+        self.done = int(done)
+
+    def tree_flatten(self):
+        return (self.h,), self.done
+
+    @classmethod
+    def tree_unflatten(cls, done, children):
+        return cls(children[0], done)
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.h.nbytes)
+
+
+def constant_prefix(model: Model, adj: sparse.Adjacency, x: jax.Array) -> jax.Array | Aggregated:
+    """The features with the model's leading constant stages applied once, for every later epoch to reuse.
+
+    A GA over the raw features (GCN's and GraphSAGE's first layer when it aggregates first) has no weights, no
+    dropout and no gradient, so its output is the same every epoch: Â·X is computed here once (Kipf's
+    precomputation of ÂX) instead of every forward. Returns x itself when no stage qualifies. The raw
+    features are not needed afterwards: the caller may drop them.
+    """
+    h, done = x, 0
+    for st in model.stages:
+        if st.kind != StageKind.GA or st.weighted:
+            break
+        h = _constant_stage(st, adj, h)
+        done += 1
+    return x if done == 0 else Aggregated(h, done)
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _constant_stage(stage: Stage, adj: sparse.Adjacency, h: jax.Array) -> jax.Array:
+    return run_stage(stage, {}, {"h": h}, adj, None)["h"]
+
+
+def forward(model: Model, params: dict, adj: sparse.Adjacency, x: jax.Array | Aggregated, seeds=None) -> jax.Array:
     """Whole-graph forward pass: compose every stage over one block holding all vertices; returns logits.
 
+    x: the input features, or their `constant_prefix` (the stages it covers are skipped).
     seeds: uint32 array with one dropout seed per stage, or None for evaluation.
     """
-    state = {"h": x}
     stages = model.stages
     i = 0
+    if isinstance(x, Aggregated):
+        x, i = x.h, x.done
+    state = {"h": x}
     while i < len(stages):
         st = stages[i]
         if st.kind == StageKind.LOSS:
@@ -262,9 +311,37 @@ def forward(model: Model, params: dict, adj: sparse.Adjacency, x: jax.Array, see
             state = {**state, **_attend(st, stages[i + 1], state, adj, seed)}
             i += 2
             continue
+        if st.kind == StageKind.AV:
+            j = i + 1
+            while stages[j].kind == StageKind.AV:   # a run of AV stages: row-local, one blocked chain
+                j += 1
+            state = {**state, **_av_chain(model, stages[i:j], params, state["h"], adj, seeds)}
+            i = j
+            continue
         state = {**state, **run_stage(st, params, state, adj, seed)}
         i += 1
     raise ValueError("model has no LOSS stage")
+
+
+def _av_chain(model: Model, chain: tuple[Stage, ...], params: dict, h: jax.Array, adj: sparse.Adjacency,
+              seeds) -> dict:
+    """Consecutive AV stages over all rows, block by block (`dense.row_blocked`): the same values as running
+    them one by one, without N-row intermediates kept for the backward. The input needs no gradient when it
+    is the features or a constant prefix of them."""
+    first = chain[0]
+    need_dx = any(requires_grad(model)[p] for p in producers(model)[first.index].values())
+
+    def fn(p, xb, gids, sd):
+        state = {"h": xb}
+        for st in chain:
+            rate = st.rate if sd is not None else 0.0
+            out = dense.apply_vertex(p[st.name], state["h"], act_in=st.act_in, act_out=st.act_out, rate=rate,
+                                     seed=None if sd is None else sd[st.index], row_gids=gids, heads=st.heads)
+            state = {"h": out.pop("z"), **out}
+        return state
+
+    sub = {st.name: params[st.name] for st in chain}
+    return dense.row_blocked(fn, sub, h, adj.row_gids, seeds, need_dx=need_dx)
 
 
 def _attend(ae: Stage, ga: Stage, state: dict, adj: sparse.Adjacency, seed) -> dict:
@@ -291,8 +368,6 @@ def from_spec(spec: dict) -> Model:
 
 
 def _freeze(fn):
-    import functools
-
     return functools.lru_cache(maxsize=16)(fn)
 
 

@@ -18,6 +18,7 @@ import numpy as np
 from ops import dense, models
 from ops import params as P
 from ops.sparse import Adjacency
+from ops.spec import ModelSpec
 from pipelines import rundir
 from pipelines.config import TrainConfig
 from pipelines.data.features import normalize_features
@@ -55,7 +56,8 @@ def model_inputs(cfg: TrainConfig, graph: Graph):
 
 
 class DeviceGraph(NamedTuple):
-    """The whole graph on the device: adjacency, features, labels and the (train, val, test) masks."""
+    """The whole graph on the device: adjacency, features (or their `models.constant_prefix`), labels and the
+    (train, val, test) masks."""
 
     adj: Adjacency
     x: jax.Array
@@ -74,10 +76,13 @@ def device_graph(cfg: TrainConfig, graph: Graph) -> DeviceGraph:
         a = permute_symmetric(a, perm)
         x, labels, masks = x[perm], labels[perm], tuple(m[perm] for m in masks)
     # GCN's and GraphSAGE's Â is symmetric with fixed values: its own transpose. GAT's values are attention.
-    adj = Adjacency.from_scipy(a, row_gids=perm, col_gids=perm, symmetric=cfg.model != "gat")
+    adj = Adjacency.from_scipy(a, row_gids=perm, col_gids=perm, symmetric=cfg.model != "gat").to_device()
     del a
+    # Â·X once when the first layer aggregates the raw features (`models.constant_prefix`); X is then dropped.
+    xd = models.constant_prefix(ModelSpec.for_graph(cfg, graph).build(), adj, jnp.asarray(x))
+    del x
     release_free_memory()
-    return DeviceGraph(adj.to_device(), jnp.asarray(x), jnp.asarray(labels), tuple(jnp.asarray(m) for m in masks))
+    return DeviceGraph(adj, xd, jnp.asarray(labels), tuple(jnp.asarray(m) for m in masks))
 
 
 class Evaluator:

@@ -67,3 +67,18 @@ def test_gat_forward_and_gradients_equal_the_stage_by_stage_path():
     np.testing.assert_allclose(l1, l2, rtol=1e-5)
     for a, b in zip(jax.tree_util.tree_leaves(g1), jax.tree_util.tree_leaves(g2)):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+
+
+def test_fused_attention_falls_back_to_the_row_max_when_the_bound_underflows():
+    adj = _block()
+    heads, f = 2, 3
+    ks = jax.random.split(jax.random.PRNGKey(3), 3)
+    s_src = jax.random.normal(ks[0], (20, heads)).at[19].set(500.0)   # far above every other score
+    s_dst = jax.random.normal(ks[1], (12, heads))
+    z = jax.random.normal(ks[2], (20, heads, f))
+    seed = jnp.uint32(9)
+    for rate in (0.0, 0.3):
+        got = attention.attend_and_gather(adj, s_src, s_dst, z, rate=rate, seed=seed)
+        want = _unfused(adj, s_src, s_dst, z, rate, seed)
+        assert bool(jnp.all(jnp.isfinite(got)))
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
