@@ -266,7 +266,7 @@ def test_row_blocked_av_chain_and_constant_prefix_equal_the_plain_step(name, mon
             s, c = dense.softmax_cross_entropy(models.forward(model, p, adj, inputs, seeds), labels,
                                                jnp.ones(n, bool))
             return s / c
-        return jax.value_and_grad(loss)(params)
+        return jax.jit(jax.value_and_grad(loss))(params)  # one compile, not one per op
 
     monkeypatch.setattr(dense, "ROW_BLOCK", 8)
     pre = models.constant_prefix(model, adj, x)

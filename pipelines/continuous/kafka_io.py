@@ -61,15 +61,25 @@ def ensure_topics(bootstrap: str, topics: dict[str, int], timeout_s: float = 30.
         admin.close()
 
 
-def topic_partitions(bootstrap: str, topic: str) -> list[int] | None:
+def topic_partitions(bootstrap: str, topic: str, timeout_s: float = 30.0) -> list[int] | None:
     """The partition ids of a topic, or None when it does not exist (from a consumer's metadata request: the
-    admin client's describe_topics answers differ across kafka-python versions)."""
-    c = consumer(bootstrap)
-    try:
-        parts = c.partitions_for_topic(topic)
-        if parts is None:
-            c.topics()
+    admin client's describe_topics answers differ across kafka-python versions). A connection lost during the
+    request (a broker of the bootstrap list crashed: kafka-python raises rather than asking the next one) is
+    retried with a new client for up to timeout_s."""
+    from kafka.errors import KafkaConnectionError
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        c = consumer(bootstrap)  # no broker reachable at all: the caller's error, at once
+        try:
             parts = c.partitions_for_topic(topic)
-        return sorted(parts) if parts else None
-    finally:
-        c.close()
+            if parts is None:
+                c.topics()
+                parts = c.partitions_for_topic(topic)
+            return sorted(parts) if parts else None
+        except KafkaConnectionError:
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(0.5)
+        finally:
+            c.close()
