@@ -123,8 +123,12 @@ def test_runtime_process_death_is_retried_and_counted(fleet_env):
     r = _fleet_run(fleet_env, during=_after_reports(1, 4, lambda f, k: f.kill_runtime(k)))
     _assert_same_weights(r)
     st = r.summary["tensor_pool"]
-    assert st["function_error_types"].get("Runtime.ExitError", 0) >= 1, st
-    assert st["function_errors"] >= 1 and st["retries"] >= 1 and st["failed_tasks"] == 0
+    # killed between invocations, the next one gets the emulator's Runtime.ExitError; killed inside one, the
+    # emulator has answered with another 5xx (CI, once): either way the invocation is retried and counted
+    errors = st["function_errors"] + st["service_errors"] + st["connection_errors"]
+    assert errors >= 1 and st["retries"] >= 1 and st["failed_tasks"] == 0, st
+    if st["function_errors"]:
+        assert st["function_error_types"].get("Runtime.ExitError", 0) >= 1, st
     assert fleet_env.alive(1)  # the emulator itself lives on with a new runtime
 
 
