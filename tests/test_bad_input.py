@@ -31,6 +31,7 @@ from pipelines.transports.kafka import KafkaTransport, topic_name
 from schemas import lambda_events
 from schemas import messages as S
 from schemas.events import encode_events, events_batch
+from tests.support import SUMMARY_LINE
 from tests.support.ogb import write_ogb
 
 N, CLASSES, F = 90, 3, 5
@@ -567,11 +568,11 @@ def test_lambda_event_is_a_structured_error(name, lambda_task):
 
 
 # ------------------------------------------------------------------------------------------------ the count
-def test_catalogue_size(capsys):
+def test_catalogue_size(record_property):
     counts = {"commands": len(CMD_CASES), "prepared directories": 2 * len(PREPARED_CASES),
               "kafka values": len(KAFKA_CASES), "stream events": len(EVENT_CASES),
               "lambda events": len(LAMBDA_CASES)}
     total = sum(counts.values())
-    with capsys.disabled():
-        print(f"\nbad-input catalogue: {total} cases ({', '.join(f'{v} {k}' for k, v in counts.items())})")
+    record_property(SUMMARY_LINE, f"bad-input catalogue: {total} cases "
+                                  f"({', '.join(f'{v} {k}' for k, v in counts.items())})")
     assert total >= 60

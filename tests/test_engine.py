@@ -15,7 +15,8 @@ from pipelines.train import train
 from schemas.tasks import TaskKind
 
 
-@pytest.fixture(scope="module")
+# Session-scoped (not module-scoped): under xdist each of this module's tests is its own unit (tests/conftest.py).
+@pytest.fixture(scope="session")
 def cora(data_dir):
     return load_dataset("cora", data_dir)
 
@@ -84,7 +85,7 @@ def test_runs_are_deterministic_under_staleness_and_injected_delays(cora):
     assert a.summary["max_staleness_observed"] <= 1
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def planted_cut():
     """A small graph where a 4-way cut crosses ~40% of the edges: bounded staleness matters here, not on Cora."""
     return load_dataset("synthetic:planted?nodes=2000&classes=10&degree=10&features=64", None, seed=0)
@@ -112,10 +113,15 @@ def test_default_staleness_converges_where_stale_values_diverged(planted_cut):
     assert [h["loss"] for h in run(1, wu="async").history] == [h["loss"] for h in s1.history]
 
 
+@pytest.fixture(scope="session")
+def cora_whole_graph_acc(cora):
+    return train(TrainConfig(model="gcn", seed=0, epochs=200).resolved(), cora).summary["test_acc"]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("staleness,wu", [(0, "sync"), (1, "sync"), (0, "async")])
-def test_bounded_staleness_stays_in_the_accuracy_band(cora, staleness, wu):
-    base = train(TrainConfig(model="gcn", seed=0, epochs=200).resolved(), cora).summary["test_acc"]
+def test_bounded_staleness_stays_in_the_accuracy_band(cora, cora_whole_graph_acc, staleness, wu):
+    base = cora_whole_graph_acc
     cfg = TrainConfig(model="gcn", seed=0, epochs=200, partitions=2, intervals=4, staleness=staleness, wu=wu,
                       delay_rate=0.1, delay_s=0.02).resolved()
     r = train_engine(cfg, cora)

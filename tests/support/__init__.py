@@ -11,3 +11,8 @@ def datasets_dir() -> Path:
     """The real datasets: $DORYLUS_DATA_DIR, else ../shared/datasets beside the repository."""
     env = os.environ.get("DORYLUS_DATA_DIR")
     return Path(env) if env else REPO.parent / "shared" / "datasets"
+
+
+# A test's record_property key for a line that tests/conftest.py prints at the end of the session; properties travel
+# with the report, so this also works when an xdist worker ran the test.
+SUMMARY_LINE = "summary_line"
