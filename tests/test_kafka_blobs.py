@@ -48,7 +48,7 @@ def _transport(run_id="run-b", partitions=2) -> KafkaTransport:
     t._error = t._lost = None
     for name in ("_sent", "_acked", "_acked_bytes", "_payload_bytes", "_redelivered", "_consumed", "_dead", "_failed"):
         setattr(t, name, collections.Counter())
-    t._high, t._dead_reasons = {}, []
+    t._high, t._dead_reasons, t._skip_compression = {}, [], collections.Counter()
     t._blobs, t._read_blobs = blobs.SenderBlobs(budget=3 * 2**20), blobs.ReaderBlobs(budget=3 * 2**20)
     t._producer = _Producer()
     return t
@@ -131,3 +131,19 @@ def test_the_sender_plans_nothing_for_a_message_it_cannot_send():
     with pytest.raises(Exception, match="over the Kafka message limit"):
         t.send(Channel.TENSOR_TASKS, 0, next(_tasks(np.random.default_rng(3))))
     assert not any(tb.items for tb in t._blobs.tables.values()) and not t._producer.records
+
+
+def test_streams_that_do_not_compress_are_sent_uncompressed():
+    t = _transport()
+    rng = np.random.default_rng(4)
+    dense = [rng.standard_normal((400, 64)).astype(np.float32) for _ in range(3)]
+    sparse = [np.zeros((400, 64), np.float32) for _ in range(3)]
+    for d, z in zip(dense, sparse):
+        t.send(Channel.TENSOR_RESULTS, 0, Message("AV", 0, 1, 0, 0, 0, arrays={"h": d}))
+        t.send(Channel.TENSOR_RESULTS, 0, Message("LOSS", 0, 3, 0, 0, 0, arrays={"dh": z}))
+    sizes = [len(r.value) for r in t._producer.records]
+    assert sizes[0] > 0.9 * dense[0].nbytes and all(s < 0.1 * dense[0].nbytes for s in sizes[1::2])  # lz4 on zeros
+    assert t._skip_compression[(Channel.TENSOR_RESULTS, "AV", 1)] == 32 - 2 and not t._skip_compression[
+        (Channel.TENSOR_RESULTS, "LOSS", 3)]
+    got = t.decode_records(t._producer.records, "g")
+    assert all(np.array_equal(a, b.arrays["h"]) for a, b in zip(dense, got[0::2]))

@@ -84,6 +84,10 @@ REPLICATION_FACTOR = 3
 MIN_INSYNC_REPLICAS = 2
 RECORD_OVERHEAD = 64 * 2**10          # room for the record batch header, key and headers
 COMPRESS_MIN_BYTES = 16 * 2**10       # smaller payloads are sent uncompressed
+#: a stream (channel, message kind, stage) whose compressed values keep more than this share of their payload
+#: is sent uncompressed for the next COMPRESSION_PROBE_EVERY messages
+INCOMPRESSIBLE = 0.9
+COMPRESSION_PROBE_EVERY = 32
 #: consumers: the broker holds a fetch until a record arrives or this long passes (an idle consumer's fetch
 #: rounds cost it and the broker CPU; a record that lands is returned at once either way)
 FETCH_MAX_WAIT_MS = 500
@@ -229,6 +233,7 @@ class KafkaTransport(Transport):
         self._shared: dict[str, SharedGroup] = {}
         self._blobs = blobs.SenderBlobs() if dedupe else None  # arrays each tensor-task partition's reader holds
         self._blob_lock = threading.Lock()
+        self._skip_compression: collections.Counter = collections.Counter()  # stream -> uncompressed sends left
         self._read_blobs = blobs.ReaderBlobs()
         if broker_timeout_s is not None and broker_timeout_s <= 0:
             raise TransportError(f"broker timeout must be > 0 seconds, got {broker_timeout_s}")
@@ -357,7 +362,15 @@ class KafkaTransport(Transport):
     def _send(self, kind: str, partition: int, msg: Message, nbytes: int, label: Message | None = None) -> None:
         label = label or msg
         comp = self.compression if nbytes >= COMPRESS_MIN_BYTES else None
+        stream = (kind, msg.kind, msg.stage)
+        if comp is not None and self._skip_compression.get(stream, 0) > 0:
+            self._skip_compression[stream] -= 1
+            comp = None
         value = memoryview(codec.encode_buffer(msg, self.run_id, comp))  # kafka-python takes bytes-likes
+        if comp is not None and len(value) > INCOMPRESSIBLE * nbytes:
+            # dense float rows (ghost values, activations) do not compress: compressing them only costs CPU on
+            # both ends (and time on the critical path); probe again now and then
+            self._skip_compression[stream] = COMPRESSION_PROBE_EVERY
         if len(value) > self.max_message_bytes - RECORD_OVERHEAD:
             raise TransportError(
                 f"{label.kind} message for {kind}[{partition}] (epoch {label.epoch}, stage {label.stage}, interval "
