@@ -45,6 +45,14 @@ Every client (producer, consumers, admin) takes the TLS/SASL settings of the env
 Terraform deployment sets (``DORYLUS_KAFKA_AUTH`` = ``scram`` or ``iam`` for MSK, ``DORYLUS_KAFKA_SECRET_ARN``,
 ...): see `pipelines.transports.kafka_security`. Role processes launched by ``--spawn-local`` inherit them.
 
+Bytes
+-----
+On the tensor-task topic an array the sender already sent on the same partition travels as a reference (a
+content key in the value's meta, ``wire.blobs``; `pipelines.transports.blobs`), so such a value is valid Arrow
+but complete only for a reader that read the partition from its start. Streams whose values do not compress
+are sent without lz4 (probed again every `COMPRESSION_PROBE_EVERY` messages). Consumers read through a thread
+each (`pipelines.transports.kafka_readers`).
+
 Sizes
 -----
 Messages are refused before sending when the encoded value exceeds ``max_message_bytes`` (default 64 MiB, the
