@@ -54,7 +54,7 @@ def _parse(argv):
     p.add_argument("--data-dir", default=None)
     p.add_argument("--hidden", type=int, default=None, help="hidden width (default: the model's)")
     p.add_argument("--epochs", type=int, default=None, help="epochs (default: the config's)")
-    p.add_argument("--staleness-mode", default="smooth", choices=["smooth", "predict", "fresh", "stale"])
+    p.add_argument("--staleness-mode", default="smooth", choices=["smooth", "smooth-zero", "predict", "fresh", "stale"])
     p.add_argument("--preset", choices=["planted"], help="planted: the large-graph staleness rows (see above)")
     args = p.parse_args(argv)
     if args.preset == "planted":

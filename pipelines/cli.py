@@ -58,9 +58,10 @@ def _train_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--partitioner", choices=["metis", "hash", "prepared"],
                    help="prepared: the partitions stored by `dorylus prepare` (needs --prepared)")
     g.add_argument("--staleness", help="none (synchronous) or S >= 0 epochs of bounded staleness")
-    g.add_argument("--staleness-mode", choices=["smooth", "predict", "fresh", "stale"],
+    g.add_argument("--staleness-mode", choices=["smooth", "smooth-zero", "predict", "fresh", "stale"],
                    help="under S >= 1, epoch e uses: smooth (default) weights e, an EMA of the ghost values of "
-                        "epochs <= e - S (PipeGCN-GF), fresh ghost gradients; predict: ghost values of e - S "
+                        "epochs <= e - S (PipeGCN-GF, bias-corrected), fresh ghost gradients; smooth-zero: that EMA "
+                        "started from 0; predict: ghost values of e - S "
                         "extrapolated to e; fresh: weights e, ghost values and gradients of e - S (PipeGCN); "
                         "stale: weights e - S as well (epochs overlap; diverges on large graphs)")
     g.add_argument("--wu", choices=["sync", "async"], help="WU sums the epoch's gradients when all are in (sync) or folds each in as it arrives (async)")

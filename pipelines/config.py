@@ -124,7 +124,7 @@ class TrainConfig:
         need(self.staleness is None or self.staleness >= 0,
              f"staleness must be none or an integer >= 0, got {self.staleness}")
         need(self.staleness_mode in [m.value for m in StalenessMode],
-             f"staleness_mode must be smooth, predict, fresh or stale, got {self.staleness_mode!r}")
+             f"staleness_mode must be smooth, smooth-zero, predict, fresh or stale, got {self.staleness_mode!r}")
         need(self.wu in ("sync", "async"), f"wu must be sync or async, got {self.wu!r}")
         need(self.tensor_workers in ("auto", "aws") or (isinstance(self.tensor_workers, int)
                                                         and not isinstance(self.tensor_workers, bool)

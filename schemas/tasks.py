@@ -81,6 +81,7 @@ class StalenessMode(Word):
     """What an epoch reads stale under bounded staleness S >= 1 (README, 'Bounded staleness')."""
 
     SMOOTH = "smooth"     # weights e; an EMA of ghost values of epochs <= e - S (PipeGCN-GF); ghost gradients of e
+    SMOOTH_ZERO = "smooth-zero"  # SMOOTH with the EMA started from 0, not bias-corrected (PipeGCN-GF's form)
     PREDICT = "predict"   # weights e; ghost values of e - S extrapolated to e; ghost gradients of e
     FRESH = "fresh"       # weights e; ghost values and ghost gradients of e - S (PipeGCN)
     STALE = "stale"       # weights e - S; ghost values and ghost gradients of e - S (delayed gradients)

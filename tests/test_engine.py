@@ -130,6 +130,22 @@ def test_bounded_staleness_stays_in_the_accuracy_band(cora, cora_whole_graph_acc
     assert abs(r.summary["test_acc"] - base) <= 0.015, (r.summary["test_acc"], base)
 
 
+@pytest.mark.parametrize("mode", ["smooth", "smooth-zero"])
+def test_ghost_average_is_the_ema_of_the_stale_ghost_rows(cora, mode):
+    # smooth: Σ γ^(t-j) v(j) / Σ γ^(t-j) (bias-corrected); smooth-zero: m(t) = γ m(t-1) + (1-γ) v(t) from m = 0
+    cfg = TrainConfig(model="gcn", epochs=3, partitions=2, intervals=2, staleness=1, staleness_mode=mode).resolved()
+    gs = build_engine(cfg, cora).servers[0]
+    g, rng = graph_server.GHOST_EMA, np.random.default_rng(0)
+    vs = [rng.standard_normal((gs.x_cols.shape[0], 3)).astype(np.float32) for _ in range(3)]
+    for e, v in enumerate(vs):
+        gs.fwd[(2, "h")][e] = v
+    m = np.zeros_like(vs[0][gs.n_own:])
+    for t, v in enumerate(vs):
+        m = g * m + (1 - g) * v[gs.n_own:]
+        want = m / (1 - g ** (t + 1)) if mode == "smooth" else m
+        np.testing.assert_allclose(gs._ghost_values(2, "h", t + 1, t), want, rtol=1e-5, atol=1e-6)
+
+
 def test_relaunch_limit_follows_the_observed_task_times(cora):
     cfg = TrainConfig(model="gcn", epochs=2, partitions=2, intervals=2, straggler_k=2.0,
                       straggler_min_s=0.5).resolved()

@@ -236,7 +236,7 @@ class GraphServer:
         """The ghost rows epoch e reads. PREDICT extrapolates them linearly from epochs e_ghost - 1 and e_ghost to
         e; SMOOTH reads an exponential moving average of them over epochs <= e_ghost (see `_ghost_ema`)."""
         st = self.fwd[(ps, name)]
-        if self.mode is StalenessMode.SMOOTH:
+        if self.mode in (StalenessMode.SMOOTH, StalenessMode.SMOOTH_ZERO):
             return self._ghost_ema(ps, name, e_ghost)
         if self.mode is not StalenessMode.PREDICT or e_ghost - 1 < self.start_epoch:
             return st[e_ghost][self.n_own:]
@@ -253,7 +253,10 @@ class GraphServer:
         weights and its epoch's dropout noise into every cut edge; with fresh weights that delayed, noisy
         feedback makes full-batch Adam oscillate (README, 'Bounded staleness'). The average varies slowly, so
         it feeds back little: on a 2,000-vertex planted graph at P=4 x 1, S=1 0.907 and S=2 0.905 against
-        0.901 synchronous (predict 0.849 and 0.737). Once per e_ghost, in epoch order: deterministic."""
+        0.901 synchronous (predict 0.849 and 0.737). SMOOTH_ZERO starts m from 0 without the correction (as
+        PipeGCN-GF writes it): every epoch's values enter with weight 1-γ from the first, and cut edges fade in
+        with weight 1 - γ^t, which costs a slowly training model (README). Once per e_ghost, in epoch order:
+        deterministic."""
         ema = self.ghost_ema[(ps, name)]
         if e_ghost in ema:
             return ema[e_ghost][2]
@@ -265,7 +268,8 @@ class GraphServer:
             s, w = GHOST_EMA * s0 + v, GHOST_EMA * w0 + 1.0
         else:
             raise EngineError(f"ghost average of stage {ps} {name}: epoch {e_ghost - 1} was never read")
-        ema[e_ghost] = (s, w, s / w)
+        # s = Σ γ^(t-j) v(j) and w = Σ γ^(t-j): the bias-corrected average is s / w, m from 0 is (1-γ) s
+        ema[e_ghost] = (s, w, (1.0 - GHOST_EMA) * s if self.mode is StalenessMode.SMOOTH_ZERO else s / w)
         return ema[e_ghost][2]
 
     def _store(self, ps: int, name: str, e: int) -> np.ndarray:
@@ -370,7 +374,7 @@ class GraphServer:
             return None
         # SMOOTH and PREDICT wait for this epoch's ghost gradients: stale ones, even smoothed, apply part of every
         # gradient S epochs late, and full-batch Adam oscillates on delayed gradients (README).
-        fresh = self.mode in (StalenessMode.SMOOTH, StalenessMode.PREDICT)
+        fresh = self.mode in (StalenessMode.SMOOTH, StalenessMode.SMOOTH_ZERO, StalenessMode.PREDICT)
         e_ghost = e if fresh else max(e - self.staleness, self.start_epoch)
         wm = self.bwd_wm[(ps, name)]
         if wm and min(wm.values()) < e_ghost:
