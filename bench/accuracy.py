@@ -47,6 +47,7 @@ def _parse(argv):
     p.add_argument("--datasets", nargs="+", default=ALL_DATASETS)
     p.add_argument("--models", nargs="+", default=["gcn", "gat"])
     p.add_argument("--seeds", type=int, default=10)
+    p.add_argument("--first-seed", type=int, default=0, help="run seeds first-seed .. first-seed + seeds - 1")
     p.add_argument("--engines", nargs="+", default=["whole"],
                    help="whole, or sN / none / asyncN for the pipelined engine at staleness N")
     p.add_argument("--partitions", type=int, default=2)
@@ -82,7 +83,7 @@ def main(argv=None) -> int:
             extra = {k: v for k, v in (("hidden", hidden), ("epochs", args.epochs)) if v is not None}
             for eng in args.engines:
                 accs = []
-                for seed in range(args.seeds):
+                for seed in range(args.first_seed, args.first_seed + args.seeds):
                     split = seed if shchur else 0  # seeded as in `dorylus train --seed`; Planetoid's is fixed
                     if split not in graphs:  # one graph held at a time: Coauthor CS is 0.5 GB of features
                         graphs = {split: load_dataset(ds, args.data_dir, seed=split)}

@@ -10,10 +10,11 @@ import jax.numpy as jnp
 from ops import dense
 from ops.sparse import Adjacency
 
-# Every per-edge value lives only inside one chunk of CHUNK edges. The forward makes one pass over the chunks
+# Every per-edge float lives only inside one chunk of CHUNK edges. The forward makes one pass over the chunks
 # (the softmax's sums and the gather of e-weighted z together, see `_forward`); the backward one, recomputing
 # α from the scores and the saved per-row max and sum. So the step holds vertex-sized arrays (z, the output,
-# the scores) and [CHUNK, heads, F] transients, never an [E, heads] or [E, heads, F] array: the separate AE
+# the scores), [CHUNK, heads, F] transients and, during each pass, the dropout's [E, heads] keep-mask (one
+# byte each, see `_keep`), never a float [E, heads] or [E, heads, F] array: the separate AE
 # and GA stages keep α, its logits, softmax terms and dropout mask for the backward, and the BCSR gather and
 # the SDDMM materialize [E, F] per head. The softmax's row term Σ_e α_e ∂α_e equals <∂out[r], out[r]>.
 CHUNK = 1 << 15
@@ -45,14 +46,22 @@ def _scores(s_src, s_dst, ed: _Edges, i, slope):
     return pre, jnp.where(ed.valid[i][:, None], jax.nn.leaky_relu(pre, slope), -jnp.inf)
 
 
-def _alpha(logits, m, s, ed: _Edges, i, seed, rate):
-    """α and the dropped-out α of chunk i (the same draws as `dense.apply_edge`)."""
+def _keep(ed: _Edges, seed, rate, heads):
+    """Dropout keep-mask [chunks, CHUNK, heads] of every entry (the same draws as `dense.apply_edge`), drawn
+    before the chunk loop: one byte per entry and head, and drawn there the hash vectorizes, while drawn inside
+    the loop XLA fuses it into the chunk's gathers and the dropout cost as much as the rest of the pass."""
+    if rate <= 0.0:
+        return None
+    return dense.random_bits(seed, ed.keys, jnp.arange(heads, dtype=jnp.uint32)) >= rate
+
+
+def _alpha(logits, m, s, ed: _Edges, i, keep, rate):
+    """α and the dropped-out α of chunk i."""
     r = ed.rows[i]
     alpha = jnp.where(ed.valid[i][:, None], jnp.exp(logits - m[r]) / (s[r] + 1e-16), 0.0)
-    if rate <= 0.0:
+    if keep is None:
         return alpha, alpha
-    keep = dense.random_bits(seed, ed.keys[i], jnp.arange(alpha.shape[1], dtype=jnp.uint32)) >= rate
-    return alpha, jnp.where(keep, alpha / (1.0 - rate), 0.0)
+    return alpha, jnp.where(keep[i], alpha / (1.0 - rate), 0.0)
 
 
 def _loop(n, body, init):
@@ -64,22 +73,18 @@ def _forward(adj, s_src, s_dst, z, seed, slope, rate):
     softmax shifted by a per-row bound instead of the row's max (see `_shift`); out = gather / sum."""
     ed = _edges(adj)
     n, (r, h) = ed.rows.shape[0], s_dst.shape
+    keep = _keep(ed, seed, rate, h)
 
     def accumulate(m):
         def body(i, acc):
-            s, out, count = acc
+            s, out = acc
             rows = ed.rows[i]
             e = jnp.where(ed.valid[i][:, None], jnp.exp(_scores(s_src, s_dst, ed, i, slope)[1] - m[rows]), 0.0)
-            dropped = e
-            if rate > 0.0:
-                keep = dense.random_bits(seed, ed.keys[i], jnp.arange(h, dtype=jnp.uint32)) >= rate
-                dropped = jnp.where(keep, e / (1.0 - rate), 0.0)
+            dropped = e if keep is None else jnp.where(keep[i], e / (1.0 - rate), 0.0)
             return (s.at[rows].add(e, indices_are_sorted=True),
-                    out.at[rows].add(dropped[:, :, None] * z[ed.cols[i]], indices_are_sorted=True),
-                    count.at[rows].add(ed.valid[i].astype(jnp.float32), indices_are_sorted=True))
+                    out.at[rows].add(dropped[:, :, None] * z[ed.cols[i]], indices_are_sorted=True))
 
-        init = (jnp.zeros((r, h), s_dst.dtype), jnp.zeros((r, *z.shape[1:]), z.dtype), jnp.zeros((r,), jnp.float32))
-        return _loop(n, body, init)
+        return _loop(n, body, (jnp.zeros((r, h), s_dst.dtype), jnp.zeros((r, *z.shape[1:]), z.dtype)))
 
     def exact():
         def row_max(i, m):
@@ -87,10 +92,12 @@ def _forward(adj, s_src, s_dst, z, seed, slope, rate):
 
         m = _loop(n, row_max, jnp.full((r, h), -jnp.inf, s_dst.dtype))
         m = jnp.where(jnp.isfinite(m), m, 0.0)
-        return (m, *accumulate(m)[:2])
+        return (m, *accumulate(m))
 
     bound = _shift(s_src, s_dst, slope)
-    s_b, out_b, count = accumulate(bound)
+    s_b, out_b = accumulate(bound)
+    # rows with an entry, counted in one scatter outside the loop (inside, it cost one more per chunk)
+    count = jnp.zeros((r,), jnp.int32).at[ed.rows.reshape(-1)].add(ed.valid.reshape(-1).astype(jnp.int32))
     underflow = jnp.any((count[:, None] > 0) & (s_b < _TINY))
     m, s, out = jax.lax.cond(underflow, exact, lambda: (bound, s_b, out_b))
     return out / (s[:, :, None] + 1e-16), m, s
@@ -121,16 +128,17 @@ def _attend_fwd(adj, s_src, s_dst, z, seed, negative_slope, rate):
 def _attend_bwd(negative_slope, rate, res, g):
     adj, s_src, s_dst, z, seed, m, s, out = res
     ed = _edges(adj)
+    keep = _keep(ed, seed, rate, s_dst.shape[1])
     row_term = jnp.sum(g * out, axis=-1)                        # Σ_e α_e ∂α_e per (row, head)
 
     def body(i, acc):
         dz, ds_src, ds_dst = acc
         rows, cols = ed.rows[i], ed.cols[i]
         pre, logits = _scores(s_src, s_dst, ed, i, negative_slope)
-        alpha, dropped = _alpha(logits, m, s, ed, i, seed, rate)
+        alpha, dropped = _alpha(logits, m, s, ed, i, keep, rate)
         g_rows = g[rows]
         dz = dz.at[cols].add(dropped[:, :, None] * g_rows)
-        d_dropped = jnp.sum(g_rows * z[cols], axis=-1)          # SDDMM
+        d_dropped = jnp.einsum("ehf,ehf->eh", g_rows, z[cols])  # SDDMM (einsum: XLA's reduce of it is slower)
         d_alpha = d_dropped if rate <= 0.0 else jnp.where(dropped != 0, d_dropped / (1.0 - rate), 0.0)
         d_pre = alpha * (d_alpha - row_term[rows]) * jnp.where(pre >= 0, 1.0, negative_slope)
         return dz, ds_src.at[cols].add(d_pre), ds_dst.at[rows].add(d_pre, indices_are_sorted=True)
