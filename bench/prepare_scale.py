@@ -186,7 +186,8 @@ def main(argv=None) -> int:
             row.update(input_edges=c["input_records"], edges_per_s=round(c["input_records"] / m["wall_s"]),
                        directed_edges=manifest["num_edges"], vertices=manifest["num_vertices"],
                        duplicates=c["duplicate_edges"], partitions=manifest["num_partitions"],
-                       shard_bytes=sum(p["edges_bytes"] + p["vertices_bytes"] for p in manifest["partitions"]))
+                       shard_bytes=sum(p["edges_bytes"] + p["vertices_bytes"] for p in manifest["partitions"]),
+                       rss_bytes_per_directed_edge=round(m["peak_rss_gb"] * 2**30 / max(manifest["num_edges"], 1), 1))
             if gen is not None:
                 assert manifest["num_edges"] == gen["directed_edges"], (manifest["num_edges"], gen["directed_edges"])
             emit(**row)

@@ -54,8 +54,12 @@ with a comment, a bad line or odd spacing is re-split and the failing lines pars
 keep their file and line) or one Parquet record batch into one chunk of edges; validation, symmetrization and
 routing are vectorized per chunk. One shuffle moves every directed edge entry to the partition that owns its
 destination (the graph server that will gather over it); there the entries are sorted and deduplicated
-(``np.sort`` of packed uint64 keys), degrees counted and the vertex shard written. Degrees are then broadcast as
-a side input (8 bytes per vertex) so that each partition can weight its edges and write its edge shard.
+(``np.sort`` of packed uint64 keys, in place), degrees counted and the vertex shard written. Degrees are then
+broadcast as a side input (8 bytes per vertex) so that each partition can weight its edges and write its edge
+shard. The bulk never goes through Beam's shuffles: edge entries, feature rows and each partition's sorted
+entries are *spilled* chunk by chunk to ``DIR.tmp-<uuid>/_spill/`` and only (path, count) elements are shuffled
+(``spill.py``; the DirectRunner holds every shuffled element in memory), so the driver's memory is bounded by
+one partition's work: about 17 bytes per entry of the largest partition while it is sorted, plus its features.
 A partition's shard is built in one worker's memory (as a Dorylus graph server holds its partition);
 ``--partitioner metis`` and ``--split`` collect the whole edge list / label vector in one worker (METIS and the
 per-class permutation need them); the partition assignment of ``metis``/``file`` is broadcast (4 bytes/vertex).
@@ -69,6 +73,7 @@ partition.py   AssignPartitions (hash, METIS, file) and Symmetrize (both directi
 tables.py      ReadTable and the driver's inspect_features/inspect_labels: feature, label and split files
 split.py       Split: the seeded per-class split
 shards.py      BuildPartitions (dedupe, vertex shards) and WriteEdgeShards (Â weights)
+spill.py       chunks of arrays written to the staging folder; only their paths are shuffled
 options.py     the app flags (argparse) and their checks -> Config
 manifest.py    the merged stats -> errors and the manifest
 pipeline.py    ``build(p, cfg, root)``, ``run(argv)`` and ``main``

@@ -12,6 +12,7 @@ from apache_beam.io.filesystems import FileSystems
 
 from pipelines.beam.combiners import SAMPLES, ConcatArrays, stat_outputs
 from pipelines.beam.prepare.read_edges import INT_RE
+from pipelines.beam.prepare.spill import spill
 from pipelines.data.graph import clean_adjacency
 from pipelines.engine.partition import assign
 
@@ -188,26 +189,31 @@ def unpack_pairs(pairs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 class _Route(beam.DoFn):
+    def __init__(self, root: str):
+        self.root = root
+
     def process(self, edges, assignment):
         src, dst = edges
         # the record's own direction (forward bit set: repeats of it are duplicates) and its reverse
         keys = np.concatenate([entry_keys(dst, src, 1), entry_keys(src, dst, 0)])
         heads = np.concatenate([dst, src])
         yield from stat_outputs("routed:entries", keys.size)
-        yield from by_partition(assignment.of(heads), assignment.parts, keys)
+        for p, part in by_partition(assignment.of(heads), assignment.parts, keys):
+            yield p, (spill(self.root, "entries", p, part), part.size)   # the keys stay out of the shuffle
 
 
 class Symmetrize(beam.PTransform):
-    """(src, dst) edge arrays -> {'entries': (partition, uint64 entry keys), 'stats'}: both directions of every
-    edge, routed to the partition that owns the entry's destination. Deduplication happens there
+    """(src, dst) edge arrays -> {'entries': (partition, (spill path, count)), 'stats'}: both directions of every
+    edge as uint64 entry keys, routed to the partition that owns the entry's destination; each chunk's keys of a
+    partition are spilled under ``root`` (:mod:`pipelines.beam.prepare.spill`). Deduplication happens there
     (:class:`pipelines.beam.prepare.shards.BuildPartitions`): a record repeating an earlier one in the same
     direction counts as a duplicate (its reverse does not)."""
 
-    def __init__(self, assignment):
+    def __init__(self, assignment, root: str):
         super().__init__()
-        self.assignment = assignment
+        self.assignment, self.root = assignment, root
 
     def expand(self, edges):
         out = edges | "BothDirections" >> beam.ParDo(
-            _Route(), assignment=pvalue.AsSingleton(self.assignment)).with_outputs("stats", main="entries")
+            _Route(self.root), assignment=pvalue.AsSingleton(self.assignment)).with_outputs("stats", main="entries")
         return {"entries": out.entries, "stats": out.stats}

@@ -14,6 +14,7 @@ from pipelines.beam.prepare.options import Config, build_parser, make_config
 from pipelines.beam.prepare.partition import AssignPartitions, Symmetrize
 from pipelines.beam.prepare.read_edges import ReadEdges
 from pipelines.beam.prepare.shards import BuildPartitions, WriteEdgeShards
+from pipelines.beam.prepare.spill import remove as remove_spill
 from pipelines.beam.prepare.split import Split
 from pipelines.beam.prepare.tables import ReadTable
 from pipelines.beam.prepare.validate import Validate
@@ -40,7 +41,7 @@ def build(p: beam.Pipeline, cfg: Config, root: str) -> None:
     parts = {"edges": valid["edges"], "num_nodes": num_nodes} | "AssignPartitions" >> AssignPartitions(
         cfg.partitioner, cfg.partitions, cfg.assignment, cfg.seed)
     assignment = parts["assignment"]
-    sym = valid["edges"] | "Symmetrize" >> Symmetrize(assignment)
+    sym = valid["edges"] | "Symmetrize" >> Symmetrize(assignment, root)
     entries = sym["entries"]
 
     stats = [read["stats"], valid["stats"], sym["stats"],
@@ -50,7 +51,8 @@ def build(p: beam.Pipeline, cfg: Config, root: str) -> None:
     inputs = {"edges": entries, "assignment": assignment, "num_nodes": num_nodes}
     feature_dim = 0
     if cfg.features is not None:
-        feats = p | "ReadFeatures" >> ReadTable(cfg.features, "features", cfg.num_nodes, assignment)
+        feats = p | "ReadFeatures" >> ReadTable(cfg.features, "features", cfg.num_nodes, assignment,
+                                                spill_root=root)
         inputs["features"] = feats["rows"]
         stats.append(feats["stats"])
         feature_dim = cfg.features.dim
@@ -90,6 +92,7 @@ def run(argv: list[str] | None = None) -> dict:
     with staged_output(out, args.overwrite) as tmp:
         with beam.Pipeline(options=options) as p:
             build(p, cfg, str(tmp))
+        remove_spill(str(tmp))
         stats = read_stats(tmp)
         check_stats(stats, cfg.max_bad_records)
         manifest = make_manifest(stats, cfg, args, pipeline_args, out.name)

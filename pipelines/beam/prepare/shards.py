@@ -3,17 +3,21 @@ shard, then its edge shard weighted with Â = D^-1/2 (A + I) D^-1/2 (the degree 
 from __future__ import annotations
 
 import os
+import uuid
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 
 import apache_beam as beam
 from apache_beam import pvalue
 
 from pipelines.beam.combiners import SAMPLES, ConcatArrays, Stat, stat_outputs
-from pipelines.beam.prepare.partition import entry_forward, entry_keys, entry_pairs, unpack_pairs
+from pipelines.beam.prepare.partition import entry_keys
+from pipelines.beam.prepare.spill import load, spill
 from pipelines.beam.prepare.tables import TABLES
 from pipelines.beam.writers import shard_name, write_table
+from pipelines.data.registry import sha256_file
 from schemas import files as file_schemas
 from schemas.files import SPLIT_CODES, SPLIT_NAMES
 
@@ -29,41 +33,70 @@ def vertex_schema(feature_dim: int) -> pa.Schema:
     return schema.remove(schema.get_field_index("features"))
 
 
-def dedupe(chunks, owned: np.ndarray):
+def _low_bits(keys: np.ndarray) -> np.ndarray:
+    """bool [n]: the lowest bit of every uint64 key, read from its low byte without a full-size temporary."""
+    return (keys.view(np.uint8)[::8] & 1).view(bool)
+
+
+def _load_keys(spilled, owned: np.ndarray) -> np.ndarray:
+    """One uint64 array of a partition's spilled entry keys and a self-loop per owned vertex, filled in place."""
+    spilled = list(spilled)
+    keys = np.empty(sum(int(n) for _, n in spilled) + owned.size, "<u8")   # little-endian: see _low_bits
+    at = 0
+    for path, n in spilled:
+        keys[at:at + int(n)] = load(path)[0]
+        at += int(n)
+    keys[at:] = entry_keys(owned, owned, 0)
+    return keys
+
+
+def dedupe(spilled, owned: np.ndarray):
     """Sorted unique (dst, src) int32 entries of a partition with one self-loop per owned vertex, the degree of
-    every owned vertex (self-loop included) and the number of duplicate records."""
-    loops = entry_keys(owned, owned, 0)
-    keys = np.concatenate([np.asarray(c, np.uint64) for c in chunks] + [loops])
+    every owned vertex (self-loop included) and the number of duplicate records. ``spilled``: (path, count) of
+    the partition's entry-key files. Works in place: about 17 bytes per entry at its peak."""
+    keys = _load_keys(spilled, owned)
     keys.sort()
     if not keys.size:
         return np.zeros(0, np.int32), np.zeros(0, np.int32), np.zeros(owned.size, np.int32), 0
-    pair = entry_pairs(keys)
+    forward = _low_bits(keys)
+    keys >>= np.uint64(1)                       # now the (dst, src) pairs
     first = np.empty(keys.size, bool)
     first[0] = True
-    np.not_equal(pair[1:], pair[:-1], out=first[1:])
-    forward = np.add.reduceat(entry_forward(keys).astype(np.int64), np.flatnonzero(first))
-    duplicates = int(np.maximum(forward - 1, 0).sum())
-    del keys
-    dst, src = unpack_pairs(pair[first])
+    np.not_equal(keys[1:], keys[:-1], out=first[1:])
+    # a pair's forward entries sort after its reverse one: the pair has one iff its last entry is forward
+    last = np.empty_like(first)
+    last[-1] = True
+    last[:-1] = first[1:]
+    duplicates = int(forward.sum()) - int(forward[last].sum())
+    del forward, last
+    keys = keys[first]
+    del first
+    halves = keys.view("<u4").reshape(-1, 2)   # little-endian: [:, 0] = src, [:, 1] = dst (both < 2**31)
+    src, dst = halves[:, 0].astype(np.int32), halves[:, 1].astype(np.int32)
+    del keys, halves
     deg = (np.searchsorted(dst, owned, "right") - np.searchsorted(dst, owned, "left")).astype(np.int32)
     return dst, src, deg, duplicates
 
 
 def place(chunks, owned: np.ndarray, default, dtype, width: int | None = None):
-    """Values of the owned vertices from (ids, values) chunks: (array, missing ids, duplicated ids)."""
-    chunks = list(chunks)
+    """Values of the owned vertices from (ids, values) chunks, one chunk at a time (a chunk may be a (spill path,
+    rows) pair): (array, missing ids, duplicated ids)."""
     shape = (owned.size,) if width is None else (owned.size, width)
     out = np.full(shape, default, dtype)
-    if not chunks:
-        return out, owned, np.zeros(0, np.int64)
-    ids = np.concatenate([c[0] for c in chunks])
-    vals = np.concatenate([c[1] for c in chunks])
-    pos = np.searchsorted(owned, ids)
-    ok = pos < owned.size
-    ok[ok] = owned[pos[ok]] == ids[ok]     # rows are routed by owner, so always true; a guard all the same
-    count = np.bincount(pos[ok], minlength=owned.size)
-    out[pos[ok]] = vals[ok]
+    count = np.zeros(owned.size, np.int64)
+    for chunk in chunks:
+        ids, vals = load(chunk[0]) if isinstance(chunk[0], str) else chunk
+        pos = np.searchsorted(owned, ids)
+        ok = pos < owned.size
+        ok[ok] = owned[pos[ok]] == ids[ok]     # rows are routed by owner, so always true; a guard all the same
+        count += np.bincount(pos[ok], minlength=owned.size)
+        out[pos[ok]] = vals[ok]
     return out, owned[count == 0], owned[count > 1]
+
+
+def _rows(chunk) -> int:
+    """Rows of an (ids, values) chunk or of a (spill path, rows) pair."""
+    return int(chunk[1]) if isinstance(chunk[0], str) else int(chunk[0].size)
 
 
 def _vertex_stats(name: str, vertices: np.ndarray):
@@ -80,15 +113,17 @@ class _BuildPartition(beam.DoFn):
     def process(self, kv, assignment, num_nodes, split):
         p, g = kv
         owned = assignment.owned(p, int(num_nodes))
-        chunks = list(g["edges"])
-        yield from stat_outputs("grouped:entries", sum(int(np.asarray(c).size) for c in chunks))
-        dst, src, deg, duplicates = dedupe(chunks, owned)
+        spilled = list(g["edges"])
+        yield from stat_outputs("grouped:entries", sum(int(n) for _, n in spilled))
+        dst, src, deg, duplicates = dedupe(spilled, owned)
         yield from stat_outputs("duplicate_edges", duplicates)
         yield from stat_outputs("deduped:entries", dst.size)
+        entries = (p, (spill(self.root, "csr", p, dst, src), dst.size))   # freed before the vertex rows are built
+        del dst, src
         tables = {t: list(g[t]) for t in self.tables}
         for t, rows in tables.items():
-            yield from stat_outputs(f"grouped:{t}", sum(int(c[0].size) for c in rows))
-        if int(deg.sum()) != dst.size:
+            yield from stat_outputs(f"grouped:{t}", sum(_rows(c) for c in rows))
+        if int(deg.sum()) != entries[1][1]:
             yield from stat_outputs("assignment_errors", 1,
                                     [f"partition {p}: edge entries of vertices it does not own"])
         cols = [pa.array(owned), pa.array(np.full(owned.size, p, np.int32)), pa.array(deg)]
@@ -108,7 +143,7 @@ class _BuildPartition(beam.DoFn):
         yield pvalue.TaggedOutput("stats", Stat("list:files", 1, {"kind": "vertices", "partition": p,
                                                                  "path": f"vertices/{name}", **meta}))
         yield pvalue.TaggedOutput("degrees", (owned, deg))
-        yield p, (dst, src)
+        yield entries
 
     def _labels(self, tables: dict, owned: np.ndarray):
         """The owned vertices' labels (-1 without a label file); stats on the way."""
@@ -139,8 +174,9 @@ class _BuildPartition(beam.DoFn):
 
 
 class BuildPartitions(beam.PTransform):
-    """{'edges': (p, entry keys), ['features' | 'labels' | 'splits']: (p, (ids, values)), 'assignment',
-    'num_nodes', ['split']} -> {'entries': (p, (dst, src)) sorted unique, self-loops included,
+    """{'edges': (p, (spill path, count)) of entry keys, ['features' | 'labels' | 'splits']: (p, (ids, values))
+    or (p, (spill path, rows)), 'assignment', 'num_nodes', ['split']} -> {'entries': (p, (spill path, count)) of
+    the sorted unique (dst, src) entries, self-loops included,
     'degrees': (ids, degrees), 'stats': Stat (vertex shard files included)}.
 
     One CoGroupByKey by partition (every partition 0..P-1 appears, empty ones included); each partition's vertex
@@ -180,24 +216,40 @@ def _inverse_sqrt_degrees(columns, num_nodes: int) -> np.ndarray:
     return 1.0 / np.sqrt(d)
 
 
+EDGE_SLICE = 1 << 22   # edge-shard rows converted and written at a time (a multiple of Parquet's row group)
+
+
+def _write_edge_shard(path: str, dst: np.ndarray, src: np.ndarray, dinv: np.ndarray) -> dict:
+    """An edge shard written EDGE_SLICE rows at a time (the int64 columns never exist whole), atomically;
+    returns its file record {rows, bytes, sha256} as :func:`pipelines.beam.writers.write_table` does."""
+    tmp = f"{path}.{uuid.uuid4().hex}.tmp"
+    with pq.ParquetWriter(tmp, EDGE_SCHEMA, compression="zstd") as writer:
+        for lo in range(0, max(dst.size, 1), EDGE_SLICE):
+            d, s = dst[lo:lo + EDGE_SLICE], src[lo:lo + EDGE_SLICE]
+            # the same float64 products as gcn_normalize's diags(dinv) @ (A+I) @ diags(dinv), then float32
+            weight = (dinv[s] * dinv[d]).astype(np.float32)
+            writer.write_table(pa.Table.from_arrays([pa.array(s.astype(np.int64)), pa.array(d.astype(np.int64)),
+                                                     pa.array(weight)], schema=EDGE_SCHEMA))
+    os.replace(tmp, path)
+    return {"rows": int(dst.size), "bytes": os.path.getsize(path), "sha256": sha256_file(path)}
+
+
 class _WriteEdges(beam.DoFn):
     def __init__(self, root: str):
         self.root = root
 
     def process(self, kv, dinv):
-        p, (dst, src) = kv
-        # the same float64 products as gcn_normalize's diags(dinv) @ (A+I) @ diags(dinv), then float32
-        weight = (dinv[src] * dinv[dst]).astype(np.float32)
-        table = pa.Table.from_arrays([pa.array(src.astype(np.int64)), pa.array(dst.astype(np.int64)),
-                                      pa.array(weight)], schema=EDGE_SCHEMA)
+        p, (path, _) = kv
+        dst, src = load(path)
         name = shard_name(p)
-        meta = write_table(table, os.path.join(self.root, "edges", name))
-        yield Stat("written:entries", table.num_rows)
+        meta = _write_edge_shard(os.path.join(self.root, "edges", name), dst, src, dinv)
+        yield Stat("written:entries", meta["rows"])
         yield Stat("list:files", 1, {"kind": "edges", "partition": p, "path": f"edges/{name}", **meta})
 
 
 class WriteEdgeShards(beam.PTransform):
-    """{'entries': (p, (dst, src)), 'degrees': (ids, degrees), 'num_nodes'} -> Stat records of the edge shards:
+    """{'entries': (p, (spill path of (dst, src), count)), 'degrees': (ids, degrees), 'num_nodes'} -> Stat records
+    of the edge shards:
     weight = Â[dst, src] = 1/sqrt(deg(src) deg(dst)), the degree vector broadcast as a side input."""
 
     def __init__(self, root: str):

@@ -19,6 +19,7 @@ from apache_beam import pvalue
 from pipelines.beam.combiners import SAMPLES, stat_outputs
 from pipelines.beam.prepare.partition import by_partition
 from pipelines.beam.prepare.read_edges import is_parquet
+from pipelines.beam.prepare.spill import spill
 from pipelines.data.graph import DataError
 from schemas.files import SPLIT_CODES
 
@@ -204,8 +205,8 @@ class _ReadRows(beam.DoFn):
     """A chunk of a feature/label/split file -> (partition, (vertex ids, values)) (+ stats), vectorized.
     values: float32 [k, F] (features) or int64 [k] (labels, split codes)."""
 
-    def __init__(self, info: TableInfo, what: str, num_nodes: int):
-        self.info, self.what, self.num_nodes = info, what, num_nodes
+    def __init__(self, info: TableInfo, what: str, num_nodes: int, spill_root: str | None = None):
+        self.info, self.what, self.num_nodes, self.spill_root = info, what, num_nodes, spill_root
 
     def process(self, chunk, assignment):
         ids, first, values, shape_problems = _read_chunk(self.info, self.what, chunk)
@@ -237,17 +238,21 @@ class _ReadRows(beam.DoFn):
         if not keep.all():
             ids, values = ids[keep], values[keep]
         yield from stat_outputs(f"routed:{what}", ids.size)
-        yield from by_partition(assignment.of(ids), assignment.parts, ids, values)
+        for p, rows in by_partition(assignment.of(ids), assignment.parts, ids, values):
+            yield p, rows if self.spill_root is None else (spill(self.spill_root, what, p, *rows), rows[0].size)
 
 
 class ReadTable(beam.PTransform):
     """PBegin -> {'rows': (partition, (ids, values)), 'stats'} from a file described by :class:`TableInfo`;
-    rows are routed to the partition that owns their vertex (``assignment``: a singleton PCollection)."""
+    rows are routed to the partition that owns their vertex (``assignment``: a singleton PCollection). With
+    ``spill_root`` each chunk's rows of a partition are spilled there and the element is (partition, (spill
+    path, rows)) (:mod:`pipelines.beam.prepare.spill`: for the features, the bulk of the vertex data)."""
 
-    def __init__(self, info: TableInfo, what: str, num_nodes: int, assignment):
+    def __init__(self, info: TableInfo, what: str, num_nodes: int, assignment, spill_root: str | None = None):
         super().__init__()
         assert what in TABLES
         self.info, self.what, self.num_nodes, self.assignment = info, what, num_nodes, assignment
+        self.spill_root = spill_root
 
     def expand(self, pbegin):
         out = (
@@ -255,7 +260,7 @@ class ReadTable(beam.PTransform):
             | "Impulse" >> beam.Impulse()
             | "Plan" >> beam.FlatMap(_plan_chunks, info=self.info)
             | "Spread" >> beam.Reshuffle()
-            | "Read" >> beam.ParDo(_ReadRows(self.info, self.what, self.num_nodes),
+            | "Read" >> beam.ParDo(_ReadRows(self.info, self.what, self.num_nodes, self.spill_root),
                                    assignment=pvalue.AsSingleton(self.assignment)).with_outputs("stats", main="rows")
         )
         return {"rows": out.rows, "stats": out.stats}
