@@ -98,7 +98,6 @@ class RoundTrainer:
         self.compile_s = COMPILE_S  # the last compile ahead's seconds (how far ahead to size and compile)
         self._warmed: set[tuple[int, int]] = set()
         self._warming: threading.Thread | None = None
-        self._warming_shape: tuple[int, int] | None = None
         self.precompile_error: BaseException | None = None
 
     def _build(self, graph: Graph) -> None:
@@ -120,9 +119,6 @@ class RoundTrainer:
         n = graph.num_nodes
         self._sizes = (self._sizes + [(time.monotonic(), n, a.nnz)])[-RATE_WINDOW:]
         shape = self._shape_for((n, a.nnz))
-        w = self._warming
-        if w is not None and w.is_alive() and self._warming_shape == shape:
-            w.join()  # compiling the same shape again beside it would only slow both down
         if shape != self.shape:
             self.growths += 1
         self.shape = shape
@@ -191,7 +187,6 @@ class RoundTrainer:
             return
         self._warmed.add(nxt)
         # not a daemon: an interpreter exiting under a running XLA compile aborts the process
-        self._warming_shape = nxt
         self._warming = threading.Thread(target=self._warm, args=(nxt, a, width), name=PRECOMPILE_THREAD)
         self._warming.start()
 
