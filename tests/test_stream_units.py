@@ -4,6 +4,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
+from pipelines.config import TrainConfig
 from pipelines.continuous import checkpoint as ckpt
 from pipelines.continuous.dedupe import Dedupe, id_hashes
 from pipelines.continuous.replay import dataset_slices
@@ -321,3 +322,24 @@ def test_incremental_checkpoint_chain_restores_and_compacts(tmp_path):
               pending=EVENT_SCHEMA.empty_table(), graph=h.arrays())  # compaction: a new base, the chain goes
     assert sorted(f.name for f in (tmp_path / ckpt.DIR).glob("*.npz")) == ["00000003.base.npz"]
     assert not list((tmp_path / ckpt.DIR).glob(".*tmp"))  # no temp file left behind
+
+
+def test_growing_small_graph_buckets_lead_the_growth_and_prefer_shapes_compiled_ahead():
+    from pipelines.continuous import trainer as T
+
+    tr = T.RoundTrainer(TrainConfig().resolved())
+    # no growth measured yet: the plain buckets
+    assert tr._shape_for((1000, 5000)) == (T.capacity(1000), T.capacity(5000))
+    tr.shape = tr._shape_for((1000, 5000))
+    tr._sizes = [(0.0, 1000, 5000), (1.0, 1100, 6000)]  # +100 vertices, +1000 entries a second
+    assert tr._shape_for((1100, 5500)) == tr.shape      # still fits: no growth
+    lead = max(T.LEAD_MIN_S, T.LEAD * tr.compile_s)
+    n, e = tr._shape_for((1500, 9000))                   # outgrown: room for `lead` seconds of growth, <= 2x
+    assert n == T.capacity(int(1500 + 100 * lead)) and e == T.capacity(min(int(9000 + 1000 * lead), 18000))
+    assert T.capacity(1500) < n and e <= T.capacity(18000)
+    ahead = (T.capacity(1600), T.capacity(12000))       # a shape compiled ahead that fits is taken instead
+    tr._warmed.add(ahead)
+    assert tr._shape_for((1500, 9000)) == ahead
+    tr._sizes = [(0.0, 10, 3 << 21), (1.0, 20, 4 << 21)]  # big graphs: plain buckets (a compile is cheap there)
+    tr.shape, tr._warmed = None, set()
+    assert tr._shape_for((20, 4 << 21)) == (T.capacity(20), T.capacity(4 << 21))

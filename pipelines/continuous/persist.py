@@ -190,7 +190,12 @@ class PersistMixin:
                   "watermark_ms": watermark if watermark not in (None, NO_TIME) else None,
                   "last_cut_ms": self.last_cut, "pending": self.pending_rows, **self.counters,
                   "dedupe_ids": self.dedupe.size, "uptime_s": time.monotonic() - self.t_start}
-        rundir.atomic_write_json(self.out / "status.json", st)
+        # atomic for readers (a rename) but not fsynced: progress, rewritten every second from the ingest thread,
+        # where an fsync under I/O load stalled reading the topic (~80 ms a call)
+        path = self.out / "status.json"
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text(json.dumps(st, indent=2, sort_keys=True, default=rundir._json_default) + "\n", encoding="utf-8")
+        os.replace(tmp, path)
 
     def _summary(self, status: str) -> dict:
         with self.lock:

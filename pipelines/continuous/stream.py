@@ -265,28 +265,34 @@ class Stream(IngestMixin, PersistMixin):
 
     # ----------------------------------------------------------------------------------------------- rounds
     def _extract(self, cut: int | None) -> tuple[pa.Table, int]:
-        """Take the pending events below the cut (all of them when cut is None) and advance the last cut."""
+        """Take the pending events below the cut (all of them when cut is None) and advance the last cut. The
+        lock is held only to swap the pending list out and to put the rest back: the ingest thread goes on
+        buffering while the batches are filtered (the order of pending batches does not matter: applying sorts)."""
         with self.lock:
             if not self.pending:
                 return EVENT_SCHEMA.empty_table(), 0
-            table = pa.Table.from_batches([b for b, _ in self.pending], schema=EVENT_SCHEMA)
-            times = np.concatenate([t for _, t in self.pending])
-            take = np.ones(times.size, bool) if cut is None else times < cut
-            prev = self.last_cut
-            late = int((times[take] < prev).sum()) if prev is not None else 0
-            taken = table.filter(pa.array(take))
-            rest_mask = ~take
+            pend = self.pending
             self.pending, self.pending_rows, self.pending_min = [], 0, None
-            if rest_mask.any():
-                rest_times = times[rest_mask]
-                off = 0
-                for b in table.filter(pa.array(rest_mask)).combine_chunks().to_batches():
-                    self.pending.append((b, rest_times[off:off + b.num_rows]))
-                    off += b.num_rows
-                self.pending_rows = int(rest_times.size)
-                self.pending_min = int(rest_times.min())
-            new_cut = cut if cut is not None else window_end(int(times.max()), self.interval_ms)
+            prev = self.last_cut
+            new_cut = cut if cut is not None else window_end(max(int(t.max()) for _, t in pend), self.interval_ms)
             self.last_cut = new_cut if prev is None else max(prev, new_cut)
+        table = pa.Table.from_batches([b for b, _ in pend], schema=EVENT_SCHEMA)
+        times = np.concatenate([t for _, t in pend])
+        take = np.ones(times.size, bool) if cut is None else times < cut
+        late = int((times[take] < prev).sum()) if prev is not None else 0
+        taken = table if take.all() else table.filter(pa.array(take))
+        rest_mask = ~take
+        if rest_mask.any():
+            rest_times = times[rest_mask]
+            rest, off = [], 0
+            for b in table.filter(pa.array(rest_mask)).combine_chunks().to_batches():
+                rest.append((b, rest_times[off:off + b.num_rows]))
+                off += b.num_rows
+            with self.lock:
+                self.pending = rest + self.pending
+                self.pending_rows += int(rest_times.size)
+                tmin = int(rest_times.min())
+                self.pending_min = tmin if self.pending_min is None else min(self.pending_min, tmin)
         return taken, late
 
     def _apply(self, t: pa.Table, replay: bool = False):

@@ -4,8 +4,10 @@ The graph of a round is padded to a capacity bucket (vertices and adjacency entr
 power of ``BUCKET``, with at least one padding vertex): padding vertices have no features, labels or masks and
 the padding entries are zero-valued and sit in a padding row (`ops.sparse.Adjacency.from_scipy`), so every real
 vertex's logits are those of the unpadded graph. The jitted train step, evaluation and forward pass are built
-once per stream and reused, so XLA compiles again only when a bucket is outgrown. Compiles are counted from
-JAX's own compile events (:func:`compile_count`).
+once per stream and reused, so XLA compiles again only when a bucket is outgrown. On small graphs (where a
+compile costs more than many epochs) an outgrown bucket is sized for the growth of the next few compiles'
+seconds, and the next one is compiled ahead in the background from the measured growth rate. Compiles are
+counted from JAX's own compile events (:func:`compile_count`).
 """
 from __future__ import annotations
 
@@ -37,6 +39,11 @@ PRECOMPILE_ROUNDS = 3  # compile the next bucket ahead when the last round's gro
 # ... on graphs up to this many adjacency entries: there a compile costs more than many epochs, while on big graphs
 # the warm-up's epoch on dummy inputs and its memory would slow the rounds more than the compile saves
 PRECOMPILE_MAX_ENTRIES = 1 << 21
+# On those small graphs a bucket outgrown by a growing stream is sized for LEAD x the last compile's seconds of the
+# measured growth (at least LEAD_MIN_S, at most 2x the graph): at 1.25x steps a fast-growing small graph outgrew
+# its bucket every few rounds, and each compile stalled the stream for seconds (the event-to-prediction lag)
+LEAD, LEAD_MIN_S, COMPILE_S = 4.0, 5.0, 2.0
+RATE_WINDOW = 8  # rounds over which the growth rate is measured
 
 
 def _on_event(event: str, duration: float, **kw) -> None:
@@ -87,6 +94,8 @@ class RoundTrainer:
         self.growths = 0
         self.precompile = True
         self._last_size: tuple[int, int] | None = None
+        self._sizes: list[tuple[float, int, int]] = []  # (monotonic time, vertices, entries) of recent rounds
+        self.compile_s = COMPILE_S  # the last compile ahead's seconds (how far ahead to size and compile)
         self._warmed: set[tuple[int, int]] = set()
         self._warming: threading.Thread | None = None
         self.precompile_error: BaseException | None = None
@@ -108,9 +117,8 @@ class RoundTrainer:
             self._build(graph)
         x, a = model_inputs(self.cfg, graph)
         n = graph.num_nodes
-        shape = (capacity(n), capacity(a.nnz))
-        if self.shape is not None:  # buckets never shrink: a smaller graph keeps the compiled shapes
-            shape = (max(shape[0], self.shape[0]), max(shape[1], self.shape[1]))
+        self._sizes = (self._sizes + [(time.monotonic(), n, a.nnz)])[-RATE_WINDOW:]
+        shape = self._shape_for((n, a.nnz))
         if shape != self.shape:
             self.growths += 1
         self.shape = shape
@@ -132,15 +140,49 @@ class RoundTrainer:
             self._maybe_precompile(a, x.shape[1], (n, a.nnz))
         return DeviceGraph(adj, jnp.asarray(xp), jnp.asarray(labels), masks)
 
+    def _rate(self) -> tuple[float, float]:
+        """Growth per second (vertices, entries) over the recent rounds (0 before two of them)."""
+        if len(self._sizes) < 2 or self._sizes[-1][0] <= self._sizes[0][0]:
+            return 0.0, 0.0
+        (t0, n0, e0), (t1, n1, e1) = self._sizes[0], self._sizes[-1]
+        return max(n1 - n0, 0) / (t1 - t0), max(e1 - e0, 0) / (t1 - t0)
+
+    def _planned(self, size: tuple[int, int], rate: tuple[float, float]) -> tuple[int, int]:
+        """The buckets for `size` (vertices, entries): with room for LEAD compiles' seconds of growth on small
+        graphs (at most 2x), so that a growing stream compiles every few seconds at most, not every few rounds."""
+        if size[1] > PRECOMPILE_MAX_ENTRIES:
+            return capacity(size[0]), capacity(size[1])
+        lead = max(LEAD_MIN_S, LEAD * self.compile_s)
+        return tuple(capacity(int(min(s + r * lead, 2 * s))) for s, r in zip(size, rate))
+
+    def _shape_for(self, size: tuple[int, int]) -> tuple[int, int]:
+        """The device shape of a graph of `size`: the current one while it fits (buckets never shrink), else the
+        smallest shape compiled ahead that fits (and wastes at most 2x), else the planned buckets."""
+        if self.shape is not None and size[0] < self.shape[0] and size[1] < self.shape[1]:
+            return self.shape
+        fits = [w for w in self._warmed if size[0] < w[0] <= 2 * size[0] + MIN_CAPACITY
+                and size[1] < w[1] <= 2 * size[1] + MIN_CAPACITY]
+        if fits:
+            return min(fits, key=lambda w: w[0] * w[1])
+        shape = self._planned(size, self._rate())
+        return shape if self.shape is None else (max(shape[0], self.shape[0]), max(shape[1], self.shape[1]))
+
     def _maybe_precompile(self, a, width: int, size: tuple[int, int]) -> None:
-        """When the growth since the last round would outgrow a bucket within PRECOMPILE_ROUNDS rounds,
-        compile the step, evaluation and forward of the next bucket in a background thread (the jit caches
-        are per shape), so the round that outgrows it finds them compiled instead of waiting for XLA."""
+        """When the measured growth would outgrow the bucket within PRECOMPILE_ROUNDS rounds or twice the last
+        compile's seconds, compile the step, evaluation and forward of the planned next buckets in a background
+        thread (the jit caches are per shape), so the round that outgrows them finds them compiled instead of
+        waiting for XLA."""
         last, self._last_size = self._last_size, size
         if last is None or (self._warming is not None and self._warming.is_alive()):
             return
-        nxt = tuple(capacity(c) if size[d] > last[d] and size[d] + PRECOMPILE_ROUNDS * (size[d] - last[d]) >= c
-                    else c for d, c in enumerate(self.shape))
+        rate = self._rate()
+        span = self._sizes[-1][0] - self._sizes[0][0]
+        ahead = max(2 * self.compile_s, PRECOMPILE_ROUNDS * span / max(len(self._sizes) - 1, 1))
+        soon = tuple(max(s + r * ahead, s + PRECOMPILE_ROUNDS * (s - l)) for s, r, l in zip(size, rate, last))
+        if soon[0] < self.shape[0] and soon[1] < self.shape[1]:
+            return
+        plan = self._planned(tuple(int(x) for x in soon), rate)
+        nxt = (max(plan[0], self.shape[0]), max(plan[1], self.shape[1]))
         if nxt in self._warmed or nxt[1] > PRECOMPILE_MAX_ENTRIES:
             return
         self._warmed.add(nxt)
@@ -154,6 +196,7 @@ class RoundTrainer:
             self._warming.join()
 
     def _warm(self, shape: tuple[int, int], a, width: int) -> None:
+        t0 = time.monotonic()
         try:
             nc, ec = shape
             # the arrays are built as device_graph and train build theirs, so the jit cache keys match
@@ -169,6 +212,7 @@ class RoundTrainer:
             float(loss)
             self.evaluator(params, adj, x, labels, masks)
             self.logits(params, adj, x).block_until_ready()
+            self.compile_s = time.monotonic() - t0
         except BaseException as e:  # noqa: BLE001 - an optimization only: the round compiles as it would anyway
             self.precompile_error = e
 
