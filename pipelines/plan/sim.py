@@ -37,6 +37,7 @@ class SimResult:
     max_staleness: int = 0      # the largest e - (ghost epoch) any read saw, as the engine reports it
     billed_by_epoch: dict = dataclasses.field(default_factory=dict)   # epoch -> Lambda seconds
     calls_by_epoch: dict = dataclasses.field(default_factory=dict)    # epoch -> Lambda invocations
+    worker_rows: list = dataclasses.field(default_factory=list)       # each task on its worker (`World`)
 
     def epoch_time(self, warmup: int = 1) -> float:
         """Steady-state seconds per epoch, measured as for a real run (`calibrate.epoch_time`)."""
@@ -67,4 +68,5 @@ def simulate(layout: Layout, costs, shape: Shape, stages, epochs: int = 6) -> Si
     busy = {"graph_servers": sum(gs.busy for gs in servers), "tensor_workers": pool.busy, "param_server": ps.busy}
     return SimResult(world.rows, dict(ps.wu_end), epochs, sum(gs.relaunches for gs in servers), busy,
                      pool.billed_s, pool.invocations, dict(world.bytes),
-                     max(gs.max_staleness for gs in servers), dict(pool.billed_by_epoch), dict(pool.calls_by_epoch))
+                     max(gs.max_staleness for gs in servers), dict(pool.billed_by_epoch), dict(pool.calls_by_epoch),
+                     world.worker_rows)

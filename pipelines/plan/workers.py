@@ -136,6 +136,7 @@ class WorkerPoolSim:
         lam = self.backend == "lambda"
         while True:
             msg = yield des.Get(q)
+            taken = self.loop.now
             yield des.Until(lambda v=msg.version: v in self.versions, self.signal)
             kind = Task(msg.kind)
             size = self.w.size(kind, msg.stage)
@@ -163,6 +164,9 @@ class WorkerPoolSim:
             reply = Msg(msg.kind, msg.epoch, msg.stage, msg.interval, msg.partition, msg.version,
                         meta={"attempt": msg.meta.get("attempt", 0), "busy_s": busy})
             gs = self.servers[msg.partition]
+            self.w.worker_rows.append({"worker": k, "kind": msg.kind, "epoch": msg.epoch, "partition": msg.partition,
+                                       "interval": msg.interval, "stage": msg.stage, "taken": taken, "t0": t0,
+                                       "t1": t0 + busy, "done": self.loop.now})
             if self.backend != "pool":
                 self.w.bytes["tensor.out" if lam else "in_process"] += size.bytes_out
                 self.loop.at(self.loop.now, gs.receive, reply)

@@ -43,6 +43,7 @@ class World:
         self.shape = shape
         self.stages = stages
         self.rows: list = []
+        self.worker_rows: list = []   # per tensor task on its worker: taken, compute start and end, done
         self.bytes = collections.Counter()
         self.sizes = {}
         L = layout
