@@ -21,40 +21,9 @@ _cluster = SessionBroker("3-broker Kafka cluster", scram=False, make=LocalKafkaC
 
 _summary_lines: list[str] = []
 
-# Fixtures that start a session-wide service (a JVM broker or cluster, the Flink job server, the emulator fleet).
-SERVICE_FIXTURES = frozenset({"kafka_bootstrap", "kafka_broker", "kafka_scram", "kafka_cluster", "flink_flags",
-                              "lambda_fleet", "fleet_env"})
-
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(config, items):
-    """Groups for ``pytest -n N --dist loadgroup`` (.ci/run): every module that uses a service runs on one worker, so
-    each service starts once per run; a module with module-scoped fixtures stays on one worker, so they are built
-    once; every other test is its own unit, so the long ones spread over the workers."""
-    if not config.pluginmanager.hasplugin("xdist"):
-        return
-    with_services = {_module(item) for item in items if SERVICE_FIXTURES & set(getattr(item, "fixturenames", ()))}
-    with_module_state = {_module(item) for item in items if _uses_module_fixture(item)}
-    for item in items:
-        name = _module(item)
-        if name in with_services:
-            item.add_marker(pytest.mark.xdist_group("services"))
-        elif name in with_module_state:
-            item.add_marker(pytest.mark.xdist_group(name))
-
-
-def _module(item) -> str:
-    return item.module.__name__ if getattr(item, "module", None) is not None else item.nodeid.split("::")[0]
-
-
-def _uses_module_fixture(item) -> bool:
-    info = getattr(item, "_fixtureinfo", None)
-    defs = info.name2fixturedefs.values() if info is not None else ()
-    return any(d and d[-1].scope in ("module", "class", "package") for d in defs)
-
 
 def pytest_runtest_logreport(report):
-    """Collect the lines tests record under SUMMARY_LINE (xdist sends workers' reports here, with them)."""
+    """Collect the lines tests record under SUMMARY_LINE (the report carries them, also from an xdist worker)."""
     if report.when == "call":
         _summary_lines.extend(v for k, v in report.user_properties if k == SUMMARY_LINE)
 

@@ -31,7 +31,7 @@ from pipelines.transports.kafka import KafkaTransport, topic_name
 from schemas import lambda_events
 from schemas import messages as S
 from schemas.events import encode_events, events_batch
-from tests.support import SUMMARY_LINE
+from tests.support import SUMMARY_LINE, ConsumedRecord
 from tests.support.ogb import write_ogb
 
 N, CLASSES, F = 90, 3, 5
@@ -377,14 +377,6 @@ def _decoding_transport(run_id: str) -> KafkaTransport:
     return t
 
 
-class _Record(NamedTuple):
-    topic: str
-    partition: int
-    offset: int
-    key: bytes | None
-    value: bytes | None
-
-
 _H = np.ones((3, 4), np.float32)
 TOPIC_MESSAGES = {  # a well-formed message of each engine topic
     "tensor": Message("AV", 1, 0, 0, 1, 1, arrays={"h": _H, "row_gids": np.arange(3, dtype=np.int32)},
@@ -433,7 +425,7 @@ KAFKA_CASES.update({
 def test_kafka_values_are_only_what_they_claim():
     """Sanity: every topic's well-formed message passes the same receive path."""
     t = _decoding_transport("run-a")
-    recs = [_Record(topic_name("run-a", k), 0, 0, None, codec.encode(m, "run-a")) for k, m in TOPIC_MESSAGES.items()]
+    recs = [ConsumedRecord(topic_name("run-a", k), 0, 0, None, codec.encode(m, "run-a")) for k, m in TOPIC_MESSAGES.items()]
     assert len(t.decode_records(recs, "g")) == len(TOPIC_MESSAGES) and not t._producer.sent
 
 
@@ -443,7 +435,7 @@ def test_kafka_value_is_a_dead_letter(name, capsys):
 
     kind, value, needle = KAFKA_CASES[name]
     t = _decoding_transport("run-a")
-    rec = _Record(topic_name("run-a", kind), 1, 7, b"k", value())
+    rec = ConsumedRecord(topic_name("run-a", kind), 1, 7, b"k", value())
     assert t.decode_records([rec], "graph-server-1") == []   # nothing reaches the engine
     assert t._dead == {(kind, 1): 1}
     [(topic, sent, headers)] = t._producer.sent

@@ -15,7 +15,7 @@ from pipelines.train import train
 from schemas.tasks import TaskKind
 
 
-# Session-scoped (not module-scoped): under xdist each of this module's tests is its own unit (tests/conftest.py).
+# Session-scoped: the Cora and planted graphs are read-only, shared by every test here.
 @pytest.fixture(scope="session")
 def cora(data_dir):
     return load_dataset("cora", data_dir)
