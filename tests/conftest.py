@@ -1,16 +1,30 @@
 """Shared pytest fixtures: the datasets folder, Kafka brokers, the FlinkRunner's flags, the memory-engine reference
 run of the Kafka fault tests, and AWS environments for moto. The helpers behind them live in tests/support/."""
 import os
+import shutil
 import sys
+import tempfile
 
-import pytest
+# One persistent XLA compilation cache per test run, set before jax is imported: the same programs (the trainer's
+# step at Cora's shapes, the graph servers' kernels) are compiled again and again by the tests, by the xdist
+# workers and by the role processes they spawn (all inherit it through the environment); a hit loads the executable
+# the first compile produced, so results are unchanged. A fresh folder per run, so a test that counts compiles sees
+# what this run compiled; the process that made it removes it at the end.
+_XLA_CACHE_OWNER = "DORYLUS_TESTS_XLA_CACHE_OWNER"
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="dorylus-tests-xla-")
+    os.environ[_XLA_CACHE_OWNER] = str(os.getpid())
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "-1")
 
-from ops import refs
-from pipelines.beam.runners import RunnerUnavailable, runner_options
-from tests.support import SUMMARY_LINE, datasets_dir
-from tests.support.kafka import KafkaUnavailable, LocalKafkaCluster, SessionBroker
-from tests.support.kafka_runs import EPOCHS
-from tests.support.lambda_fleet import FleetUnavailable, LocalLambdaFleet, check_can_start
+import pytest  # noqa: E402
+
+from ops import refs  # noqa: E402
+from pipelines.beam.runners import RunnerUnavailable, runner_options  # noqa: E402
+from tests.support import SUMMARY_LINE, datasets_dir  # noqa: E402
+from tests.support.kafka import KafkaUnavailable, LocalKafkaCluster, SessionBroker  # noqa: E402
+from tests.support.kafka_runs import EPOCHS  # noqa: E402
+from tests.support.lambda_fleet import FleetUnavailable, LocalLambdaFleet, check_can_start  # noqa: E402
 
 EXTERNAL_KAFKA = "DORYLUS_KAFKA_BOOTSTRAP"
 
@@ -20,6 +34,51 @@ _cluster = SessionBroker("3-broker Kafka cluster", scram=False, make=LocalKafkaC
 
 
 _summary_lines: list[str] = []
+
+# Fixtures that start a session-wide service (a JVM broker or cluster, the Flink job server, the emulator fleet).
+SERVICE_FIXTURES = frozenset({"kafka_bootstrap", "kafka_broker", "kafka_scram", "kafka_cluster", "flink_flags",
+                              "lambda_fleet", "fleet_env"})
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    """Groups for ``pytest -n N --dist loadgroup`` (.ci/run): every module that uses a service runs on one worker, so
+    each service starts once per run; a module with module-scoped fixtures stays on one worker, so they are built
+    once; every other test is its own unit, so the long ones spread over the workers. Without xdist the marks do
+    nothing. (tryfirst: xdist's worker turns the marks into nodeid suffixes in its own hook, after this one.)"""
+    with_services = {_module(item) for item in items if SERVICE_FIXTURES & set(getattr(item, "fixturenames", ()))}
+    with_module_state = {_module(item) for item in items if _uses_module_fixture(item)}
+    for item in items:
+        name = _module(item)
+        if name in with_services:
+            item.add_marker(pytest.mark.xdist_group("services"))
+        elif name in with_module_state:
+            item.add_marker(pytest.mark.xdist_group(name))
+
+
+def pytest_configure(config):
+    """Refuse ``--dist loadgroup`` where it silently does not group: pytest 9.2's structured node ids drop the
+    group suffix pytest-xdist 3.8 relies on (pytest-dev/pytest-xdist#1386), so each worker would start its own
+    brokers, cluster and Flink job server and the run would be slower, not faster."""
+    if config.getoption("dist", "no") != "loadgroup":
+        return
+    from importlib.metadata import version
+
+    def major_minor(name):
+        return tuple(int(p) for p in version(name).split(".")[:2])
+    if major_minor("pytest") >= (9, 2) and major_minor("pytest-xdist") <= (3, 8):
+        raise pytest.UsageError(f"--dist loadgroup does not group with pytest {version('pytest')} and pytest-xdist "
+                                f"{version('pytest-xdist')} (pytest-dev/pytest-xdist#1386): install 'pytest<9.2'")
+
+
+def _module(item) -> str:
+    return item.module.__name__ if getattr(item, "module", None) is not None else item.nodeid.split("::")[0]
+
+
+def _uses_module_fixture(item) -> bool:
+    info = getattr(item, "_fixtureinfo", None)
+    defs = info.name2fixturedefs.values() if info is not None else ()
+    return any(d and d[-1].scope in ("module", "class", "package") for d in defs)
 
 
 def pytest_runtest_logreport(report):
@@ -31,6 +90,26 @@ def pytest_runtest_logreport(report):
 def pytest_terminal_summary(terminalreporter):
     for line in _summary_lines:
         terminalreporter.write_line(line)
+
+
+def pytest_unconfigure(config):
+    if os.environ.get(_XLA_CACHE_OWNER) == str(os.getpid()):
+        shutil.rmtree(os.environ["JAX_COMPILATION_CACHE_DIR"], ignore_errors=True)
+
+
+@pytest.fixture
+def fresh_compiles():
+    """Turns the run's persistent compilation cache off for one test, for a test that counts XLA compiles."""
+    import jax
+    from jax.experimental.compilation_cache import compilation_cache
+
+    jax.config.update("jax_enable_compilation_cache", False)
+    compilation_cache.reset_cache()
+    try:
+        yield
+    finally:
+        jax.config.update("jax_enable_compilation_cache", True)
+        compilation_cache.reset_cache()
 
 
 @pytest.fixture(scope="session")

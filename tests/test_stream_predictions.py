@@ -39,7 +39,7 @@ def _events(rng):
     return out
 
 
-def test_rounds_compile_per_bucket_and_predictions_equal_forward(kafka_bootstrap, tmp_path, capsys):
+def test_rounds_compile_per_bucket_and_predictions_equal_forward(kafka_bootstrap, tmp_path, capsys, fresh_compiles):
     topic = f"pred-{uuid.uuid4().hex[:8]}"
     kafka_io.ensure_topics(kafka_bootstrap, {topic: 1})
     p = kafka_io.producer(kafka_bootstrap)
