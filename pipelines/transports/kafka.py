@@ -72,7 +72,7 @@ import time
 
 from pipelines.transports import blobs, codec
 from pipelines.transports.base import Consumer, Transport, TransportError
-from pipelines.transports.kafka_readers import AssignedConsumer, MemberConsumer, SharedGroup
+from pipelines.transports.kafka_readers import AssignedConsumer, MemberConsumer, SharedGroup, transient_errors
 from pipelines.transports.kafka_security import client_settings, describe
 from schemas.tasks import Channel, Message
 
@@ -167,9 +167,7 @@ def admin_call(fn, *args, timeout_s: float = 30.0, **kw):
     """Call a kafka-python admin method, again while the broker it picked is out of reach: with one broker of a
     cluster down, a request sent there fails at once, and the next attempt picks another broker (the failed one
     is in reconnect backoff)."""
-    errors = _import_kafka().errors
-    transient = (errors.KafkaConnectionError, errors.NodeNotReadyError, errors.KafkaTimeoutError,
-                 errors.RequestTimedOutError, errors.NotControllerError)
+    transient = transient_errors() + (_import_kafka().errors.NotControllerError,)
     deadline = time.monotonic() + timeout_s
     while True:
         try:
@@ -371,11 +369,14 @@ class KafkaTransport(Transport):
         label = label or msg
         comp = self.compression if nbytes >= COMPRESS_MIN_BYTES else None
         stream = (kind, msg.kind, msg.stage)
-        if comp is not None and self._skip_compression.get(stream, 0) > 0:
+        skipped = comp is not None and self._skip_compression.get(stream, 0) > 0
+        if skipped:
             self._skip_compression[stream] -= 1
-            comp = None
-        value = memoryview(codec.encode_buffer(msg, self.run_id, comp))  # kafka-python takes bytes-likes
-        if comp is not None and len(value) > INCOMPRESSIBLE * nbytes:
+        value = memoryview(codec.encode_buffer(msg, self.run_id, None if skipped else comp))  # bytes-likes
+        if skipped and len(value) > self.max_message_bytes - RECORD_OVERHEAD:
+            # a stream judged incompressible may still carry a message that fits only compressed
+            value, skipped = memoryview(codec.encode_buffer(msg, self.run_id, comp)), False
+        if comp is not None and not skipped and len(value) > INCOMPRESSIBLE * nbytes:
             # dense float rows (ghost values, activations) do not compress: compressing them only costs CPU on
             # both ends (and time on the critical path); probe again now and then
             self._skip_compression[stream] = COMPRESSION_PROBE_EVERY

@@ -22,6 +22,25 @@ READER_STOP_S = 35.0
 log = logging.getLogger("pipelines.transports.kafka")
 
 
+def transient_errors() -> tuple:
+    """kafka-python errors of a broker that is out of reach for now (a cut, a restart, a leader moving): readers
+    retry them, and the transport's broker watch alone decides when the brokers are lost (``broker_timeout_s``)."""
+    from kafka import errors
+
+    return (errors.KafkaConnectionError, errors.NodeNotReadyError, errors.KafkaTimeoutError,
+            errors.RequestTimedOutError, errors.BrokerNotAvailableError)
+
+
+def _poll_or_nothing(kc, timeout_ms: int, max_records: int) -> dict:
+    """kc.poll, or no records (after waiting out the poll's time) while the broker is out of reach."""
+    try:
+        return kc.poll(timeout_ms=timeout_ms, max_records=max_records)
+    except transient_errors() as e:
+        log.info("poll while the broker is out of reach: %s", e)
+        time.sleep(max(timeout_ms, 50) / 1000)
+        return {}
+
+
 def tp_key(tp) -> str:
     return f"{tp.topic}/{tp.partition}"
 
@@ -86,7 +105,7 @@ class AssignedConsumer(Consumer):
                 with self._lock:
                     if request:
                         self._send_commit(request, sync=False)
-                    batches = self.kc.poll(timeout_ms=READER_POLL_MS, max_records=READER_BUFFER_RECORDS)
+                    batches = _poll_or_nothing(self.kc, READER_POLL_MS, READER_BUFFER_RECORDS)
                 got = []
                 for tp, recs in batches.items():
                     for rec in recs:
@@ -138,7 +157,7 @@ class AssignedConsumer(Consumer):
 
     def _poll_direct(self, timeout: float, max_messages: int) -> list[Message]:
         with self._lock:
-            batches = self.kc.poll(timeout_ms=int(max(timeout, 0.0) * 1000), max_records=max_messages)
+            batches = _poll_or_nothing(self.kc, int(max(timeout, 0.0) * 1000), max_messages)
             records = []
             for tp, recs in batches.items():
                 if recs:
@@ -200,9 +219,13 @@ class AssignedConsumer(Consumer):
         self._stop_reader()
         self._hand_back_buffer()
         while time.monotonic() < deadline:
-            with self._lock:  # the end moves if a last message lands meanwhile: look again each round
-                end = self.kc.end_offsets(self.tps)
-                behind = [tp for tp in self.tps if self.kc.position(tp) < end[tp]]
+            try:
+                with self._lock:  # the end moves if a last message lands meanwhile: look again each round
+                    end = self.kc.end_offsets(self.tps)
+                    behind = [tp for tp in self.tps if self.kc.position(tp) < end[tp]]
+            except transient_errors():
+                time.sleep(0.1)
+                continue
             if not behind:
                 break
             self._poll_direct(0.1, max_messages=1024)
@@ -270,7 +293,7 @@ class SharedGroup:
                     return []
                 if not self.buffer:
                     wait = max(0.0, min(deadline - time.monotonic(), 0.05))
-                    for tp, recs in self.kc.poll(timeout_ms=int(wait * 1000), max_records=64).items():
+                    for tp, recs in _poll_or_nothing(self.kc, int(wait * 1000), 64).items():
                         self.buffer.extend((tp, r) for r in recs)
                 taken = []
                 while self.buffer and len(taken) < max_messages:
@@ -325,12 +348,17 @@ class SharedGroup:
                 return
             tps = self.tps
             while tps and time.monotonic() < deadline:
-                end = self.kc.end_offsets(tps)
-                if all(self.kc.position(tp) >= end[tp] for tp in tps) and not self.buffer:
+                try:
+                    end = self.kc.end_offsets(tps)
+                    caught_up = all(self.kc.position(tp) >= end[tp] for tp in tps)
+                except transient_errors():
+                    time.sleep(0.1)
+                    continue
+                if caught_up and not self.buffer:
                     break
                 recs = [r for _, r in self.buffer]
                 self.buffer.clear()
-                for tp, rs in self.kc.poll(timeout_ms=100, max_records=1024).items():
+                for tp, rs in _poll_or_nothing(self.kc, 100, 1024).items():
                     recs.extend(rs)
                 for r in recs:
                     from kafka import TopicPartition
