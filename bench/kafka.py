@@ -189,6 +189,7 @@ def bench_epoch(bootstrap: str, epochs: int, partitions: int, intervals: int, gr
           "kafka_duplicates_skipped": kaf.get("duplicates_skipped"),
           "kafka_wire_mb": round(sum(kaf["transport"]["bytes"].values()) / 1e6, 2),
           "kafka_payload_mb": round(sum(kaf["transport"]["payload_bytes"].values()) / 1e6, 2),
+          "kafka_deduplicated_mb": round(sum(kaf["transport"].get("deduplicated_bytes", {}).values()) / 1e6, 2),
           "kafka_payload_mb_per_epoch": {c: round(v / 1e6, 2) for c, v in wk.get("bytes_per_epoch", {}).items()},
           "minimum_mb_per_epoch": {c: round(v / 1e6, 2) for c, v in (wk.get("minimum_bytes_per_epoch") or {}).items()},
           "kafka_bytes_ratio_to_minimum": wk.get("ratio_to_minimum"),

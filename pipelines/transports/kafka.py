@@ -45,6 +45,14 @@ Every client (producer, consumers, admin) takes the TLS/SASL settings of the env
 Terraform deployment sets (``DORYLUS_KAFKA_AUTH`` = ``scram`` or ``iam`` for MSK, ``DORYLUS_KAFKA_SECRET_ARN``,
 ...): see `pipelines.transports.kafka_security`. Role processes launched by ``--spawn-local`` inherit them.
 
+Bytes
+-----
+On the tensor-task topic an array the sender already sent on the same partition travels as a reference (a
+content key in the value's meta, ``wire.blobs``; `pipelines.transports.blobs`), so such a value is valid Arrow
+but complete only for a reader that read the partition from its start. Streams whose values do not compress
+are sent without lz4 (probed again every `COMPRESSION_PROBE_EVERY` messages). Consumers read through a thread
+each (`pipelines.transports.kafka_readers`).
+
 Sizes
 -----
 Messages are refused before sending when the encoded value exceeds ``max_message_bytes`` (default 64 MiB, the
@@ -62,8 +70,9 @@ import sys
 import threading
 import time
 
-from pipelines.transports import codec
+from pipelines.transports import blobs, codec
 from pipelines.transports.base import Consumer, Transport, TransportError
+from pipelines.transports.kafka_readers import AssignedConsumer, MemberConsumer, SharedGroup, transient_errors
 from pipelines.transports.kafka_security import client_settings, describe
 from schemas.tasks import Channel, Message
 
@@ -72,6 +81,9 @@ SINGLE_PARTITION = (Channel.GRADS, Channel.WEIGHTS, Channel.METRICS)
 #: kinds read by work-sharing groups (each process its static share of the partitions, see ``work_share``).
 #: Their one engine channel spreads over P Kafka partitions, by the sending graph server.
 BALANCED_KINDS = (Channel.TENSOR_TASKS,)
+#: kinds whose repeated arrays are sent once per partition (`pipelines.transports.blobs`): the tensor tasks,
+#: whose backward tasks carry their forward inputs again and whose first layer reads the same rows every epoch
+DEDUPED_KINDS = (Channel.TENSOR_TASKS,)
 DEFAULT_MAX_MESSAGE_BYTES = 64 * 2**20
 DEFAULT_BROKER_TIMEOUT_S = 120.0
 REQUEST_TIMEOUT_MS = 30000
@@ -80,6 +92,13 @@ REPLICATION_FACTOR = 3
 MIN_INSYNC_REPLICAS = 2
 RECORD_OVERHEAD = 64 * 2**10          # room for the record batch header, key and headers
 COMPRESS_MIN_BYTES = 16 * 2**10       # smaller payloads are sent uncompressed
+#: a stream (channel, message kind, stage) whose compressed values keep more than this share of their payload
+#: is sent uncompressed for the next COMPRESSION_PROBE_EVERY messages
+INCOMPRESSIBLE = 0.9
+COMPRESSION_PROBE_EVERY = 32
+#: consumers: the broker holds a fetch until a record arrives or this long passes (an idle consumer's fetch
+#: rounds cost it and the broker CPU; a record that lands is returned at once either way)
+FETCH_MAX_WAIT_MS = 500
 _RUN_ID_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,150}$")
 
 log = logging.getLogger(__name__)
@@ -148,9 +167,7 @@ def admin_call(fn, *args, timeout_s: float = 30.0, **kw):
     """Call a kafka-python admin method, again while the broker it picked is out of reach: with one broker of a
     cluster down, a request sent there fails at once, and the next attempt picks another broker (the failed one
     is in reconnect backoff)."""
-    errors = _import_kafka().errors
-    transient = (errors.KafkaConnectionError, errors.NodeNotReadyError, errors.KafkaTimeoutError,
-                 errors.RequestTimedOutError, errors.NotControllerError)
+    transient = transient_errors() + (_import_kafka().errors.NotControllerError,)
     deadline = time.monotonic() + timeout_s
     while True:
         try:
@@ -173,6 +190,7 @@ def cluster_replication(admin) -> tuple[int, dict]:
 class KafkaTransport(Transport):
     """Channels (kind, partition) of one run as Kafka topic partitions; see the module docstring.
 
+    dedupe: send the tensor tasks' repeated arrays once per partition (`pipelines.transports.blobs`).
     linger_consumers: `Consumer.close()` keeps the Kafka consumer until `drain()`/`close()` of the transport,
     so a role process can read its channels to their end before it exits (exact message accounting).
     replication_factor: None (default) picks it from the cluster's size (`cluster_replication`).
@@ -185,7 +203,8 @@ class KafkaTransport(Transport):
                  create_topics: bool = True, replication_factor: int | None = None, client_id: str = "dorylus",
                  linger_consumers: bool = False, commit_interval_s: float = 0.5,
                  delivery_timeout_s: float | None = None, work_share: tuple[int, int] = (0, 1),
-                 security: dict | None = None, broker_timeout_s: float | None = DEFAULT_BROKER_TIMEOUT_S):
+                 security: dict | None = None, broker_timeout_s: float | None = DEFAULT_BROKER_TIMEOUT_S,
+                 dedupe: bool = True):
         kafka = _import_kafka()
         self.bootstrap = bootstrap
         self.run_id = check_run_id(run_id)
@@ -217,7 +236,11 @@ class KafkaTransport(Transport):
         self._dead = collections.Counter()       # (kind, p) -> values sent to the dead-letter topic
         self._dead_reasons: list[str] = []
         self._consumers: list = []
-        self._shared: dict[str, _SharedGroup] = {}
+        self._shared: dict[str, SharedGroup] = {}
+        self._blobs = blobs.SenderBlobs() if dedupe else None  # arrays each tensor-task partition's reader holds
+        self._blob_lock = threading.Lock()
+        self._skip_compression: collections.Counter = collections.Counter()  # stream -> uncompressed sends left
+        self._read_blobs = blobs.ReaderBlobs()
         if broker_timeout_s is not None and broker_timeout_s <= 0:
             raise TransportError(f"broker timeout must be > 0 seconds, got {broker_timeout_s}")
         self.broker_timeout_s = broker_timeout_s
@@ -283,6 +306,9 @@ class KafkaTransport(Transport):
     def topic(self, kind: str) -> str:
         return topic_name(self.run_id, kind)
 
+    def topic_partitions(self, kind: str) -> int:
+        return topic_partitions(kind, self.partitions)
+
     def kinds(self) -> list[str]:
         return [*tuple(Channel), DEAD_LETTER]
 
@@ -324,20 +350,42 @@ class KafkaTransport(Transport):
 
     def send(self, kind: str, partition: int, msg: Message) -> None:
         self._raise_if_failed()
-        nbytes = msg.nbytes()
-        comp = self.compression if nbytes >= COMPRESS_MIN_BYTES else None
-        value = memoryview(codec.encode_buffer(msg, self.run_id, comp))  # kafka-python takes bytes-likes
-        if len(value) > self.max_message_bytes - RECORD_OVERHEAD:
-            raise TransportError(
-                f"{msg.kind} message for {kind}[{partition}] (epoch {msg.epoch}, stage {msg.stage}, interval "
-                f"{msg.interval}) is {len(value) / 2**20:.1f} MiB encoded, over the Kafka message limit of "
-                f"{(self.max_message_bytes - RECORD_OVERHEAD) / 2**20:.1f} MiB (broker message.max.bytes); "
-                f"use more intervals so blocks are smaller")
         if not 0 <= partition < channel_partitions(kind, self.partitions):
             raise TransportError(f"channel {kind}[{partition}] does not exist in a run with {self.partitions} "
                                  f"graph servers")
         if kind in BALANCED_KINDS:  # one work queue, spread over the topic's partitions by graph server
             partition = msg.partition % topic_partitions(kind, self.partitions)
+        if self._blobs is None or kind not in DEDUPED_KINDS:
+            self._send(kind, partition, msg, msg.nbytes())
+            return
+        channel = (kind, partition)
+        with self._blob_lock:  # one partition's table operations in the order its records are produced
+            arrays, ops, nbytes = self._blobs.plan(channel, msg.arrays)
+            wire = msg if not ops else msg.replace(arrays=arrays, meta={**msg.meta, blobs.META_KEY: ops})
+            self._send(kind, partition, wire, nbytes, label=msg)
+            self._blobs.commit(channel, msg.arrays, ops)
+
+    def _send(self, kind: str, partition: int, msg: Message, nbytes: int, label: Message | None = None) -> None:
+        label = label or msg
+        comp = self.compression if nbytes >= COMPRESS_MIN_BYTES else None
+        stream = (kind, msg.kind, msg.stage)
+        skipped = comp is not None and self._skip_compression.get(stream, 0) > 0
+        if skipped:
+            self._skip_compression[stream] -= 1
+        value = memoryview(codec.encode_buffer(msg, self.run_id, None if skipped else comp))  # bytes-likes
+        if skipped and len(value) > self.max_message_bytes - RECORD_OVERHEAD:
+            # a stream judged incompressible may still carry a message that fits only compressed
+            value, skipped = memoryview(codec.encode_buffer(msg, self.run_id, comp)), False
+        if comp is not None and not skipped and len(value) > INCOMPRESSIBLE * nbytes:
+            # dense float rows (ghost values, activations) do not compress: compressing them only costs CPU on
+            # both ends (and time on the critical path); probe again now and then
+            self._skip_compression[stream] = COMPRESSION_PROBE_EVERY
+        if len(value) > self.max_message_bytes - RECORD_OVERHEAD:
+            raise TransportError(
+                f"{label.kind} message for {kind}[{partition}] (epoch {label.epoch}, stage {label.stage}, interval "
+                f"{label.interval}) is {len(value) / 2**20:.1f} MiB encoded, over the Kafka message limit of "
+                f"{(self.max_message_bytes - RECORD_OVERHEAD) / 2**20:.1f} MiB (broker message.max.bytes); "
+                f"use more intervals so blocks are smaller")
         headers = [("dorylus.kind", msg.kind.encode()), ("dorylus.epoch", str(msg.epoch).encode()),
                    ("dorylus.stage", str(msg.stage).encode()), ("dorylus.interval", str(msg.interval).encode())]
         with self._lock:
@@ -381,10 +429,10 @@ class KafkaTransport(Transport):
             with self._lock:
                 shared = self._shared.get(group)
                 if shared is None:
-                    shared = self._shared[group] = _SharedGroup(self, sorted({k for k, _ in subs}), group)
-            c = _MemberConsumer(shared)
+                    shared = self._shared[group] = SharedGroup(self, sorted({k for k, _ in subs}), group)
+            c = MemberConsumer(shared)
         else:
-            c = _AssignedConsumer(self, subs, group)
+            c = AssignedConsumer(self, subs, group)
         with self._lock:
             self._consumers.append(c)
         return c
@@ -395,7 +443,7 @@ class KafkaTransport(Transport):
             bootstrap_servers=self.bootstrap, client_id=f"{self.client_id}-{group or 'anon'}",
             group_id=None if group is None else f"dorylus.{self.run_id}.{group}",
             enable_auto_commit=False, auto_offset_reset="earliest",
-            fetch_min_bytes=1, fetch_max_wait_ms=100, max_partition_fetch_bytes=8 * 2**20,
+            fetch_min_bytes=1, fetch_max_wait_ms=FETCH_MAX_WAIT_MS, max_partition_fetch_bytes=8 * 2**20,
             fetch_max_bytes=self.max_message_bytes + 2**20,
             receive_message_max_bytes=2 * self.max_message_bytes + 2**20,
             request_timeout_ms=30000, reconnect_backoff_max_ms=1000, session_timeout_ms=30000,
@@ -409,30 +457,36 @@ class KafkaTransport(Transport):
     def decode_records(self, records, group: str | None) -> list[Message]:
         """Decode polled records (the receive path, public so records can be fed without a broker); undecodable
         ones go to the dead-letter topic."""
-        out = []
+        return [m for m in (self.decode_record(rec, group) for rec in records) if m is not None]
+
+    def decode_record(self, rec, group: str | None) -> Message | None:
+        """One polled record's message (also when it is read again after a reconnect: the engine discards
+        duplicates); None for a value that does not decode (it goes to the dead-letter topic)."""
         g = group or "-"
-        for rec in records:
-            kind = self._kind_of(rec.topic)
-            key = (rec.topic, rec.partition, g)
-            with self._lock:
-                again = rec.offset < self._high.get(key, 0)
-                self._high[key] = max(self._high.get(key, 0), rec.offset + 1)
+        kind = self._kind_of(rec.topic)
+        key = (rec.topic, rec.partition, g)
+        with self._lock:
+            again = rec.offset < self._high.get(key, 0)
+            self._high[key] = max(self._high.get(key, 0), rec.offset + 1)
             if again:  # read again from the last commit (a reconnect): the engine discards the duplicates
-                with self._lock:
-                    self._redelivered[(kind, rec.partition, g)] += 1
-            try:
-                if rec.value is None:
-                    raise codec.SchemaError("empty value (a tombstone)")
-                msg = codec.decode(rec.value, self.run_id)
-            except Exception as e:  # anything a foreign or corrupt value can raise
-                if not again:
-                    self._dead_letter(rec, kind, group, f"{type(e).__name__}: {e}")
-                continue
+                self._redelivered[(kind, rec.partition, g)] += 1
+        try:
+            if rec.value is None:
+                raise codec.SchemaError("empty value (a tombstone)")
+            msg = codec.decode(rec.value, self.run_id)
+            ops = msg.meta.get(blobs.META_KEY)
+            if ops is not None:
+                arrays = self._read_blobs.resolve((rec.topic, rec.partition, g), msg.arrays, ops, replay=again)
+                meta = {k: v for k, v in msg.meta.items() if k != blobs.META_KEY}
+                msg = msg.replace(arrays=arrays, meta=meta)
+        except Exception as e:  # anything a foreign or corrupt value can raise
             if not again:
-                with self._lock:
-                    self._consumed[(kind, rec.partition, g)] += 1
-            out.append(msg)
-        return out
+                self._dead_letter(rec, kind, group, f"{type(e).__name__}: {e}")
+            return None
+        if not again:
+            with self._lock:
+                self._consumed[(kind, rec.partition, g)] += 1
+        return msg
 
     def _dead_letter(self, rec, kind: str, group: str | None, reason: str) -> None:
         reason = reason[:2000]
@@ -507,7 +561,7 @@ class KafkaTransport(Transport):
             for (kind, p, g), n in self._redelivered.items():
                 channels.setdefault(f"{kind}/{p}", {"produced": 0, "consumed": {}}).setdefault(
                     "redelivered", {})[g] = n
-            messages, byts = collections.Counter(), collections.Counter()
+            messages = collections.Counter()
             for (kind, p), n in self._acked.items():
                 messages[kind] += n
             return {
@@ -515,6 +569,7 @@ class KafkaTransport(Transport):
                 "messages": dict(messages),
                 "bytes": dict(self._acked_bytes),
                 "payload_bytes": dict(self._payload_bytes),
+                "deduplicated_bytes": self._deduplicated(),
                 "channels": channels,
                 "dead_letters": {f"{k}/{p}": n for (k, p), n in self._dead.items()},
                 "dead_letter_reasons": list(self._dead_reasons),
@@ -522,11 +577,20 @@ class KafkaTransport(Transport):
                 "unacknowledged": sum(self._sent.values()) - sum(self._acked.values()) - sum(self._failed.values()),
             }
 
+    def _deduplicated(self) -> dict:
+        """Per kind: array bytes sent as references to arrays the reader already had (not in payload_bytes)."""
+        out = collections.Counter()
+        if self._blobs is not None:
+            with self._blob_lock:
+                for (kind, _), n in self._blobs.saved_bytes.items():
+                    out[kind] += n
+        return dict(out)
+
     def offsets(self) -> dict:
         """The offsets each consumer group of this process has processed: {group: {"topic/partition": offset}}."""
         out: dict = {}
         for c in list(self._consumers):
-            if isinstance(c, _AssignedConsumer):
+            if isinstance(c, AssignedConsumer):
                 out.setdefault(c.group or "-", {}).update(c.processed_offsets())
         for g in list(self._shared.values()):
             out.setdefault(g.group, {}).update(g.processed_offsets())
@@ -535,13 +599,13 @@ class KafkaTransport(Transport):
 
 def merge_stats(parts: list[dict]) -> dict:
     """Sum the transport stats of several processes (each counts what it produced and consumed)."""
-    out = {"transport": "kafka", "messages": collections.Counter(), "bytes": collections.Counter(),
-           "payload_bytes": collections.Counter(), "channels": {}, "dead_letters": collections.Counter(),
-           "dead_letter_reasons": [], "failed_deliveries": collections.Counter(), "unacknowledged": 0}
+    summed = ("messages", "bytes", "payload_bytes", "deduplicated_bytes", "dead_letters", "failed_deliveries")
+    out = {"transport": "kafka", **{k: collections.Counter() for k in summed}, "channels": {},
+           "dead_letter_reasons": [], "unacknowledged": 0}
     for s in parts:
         if not s:
             continue
-        for key in ("messages", "bytes", "payload_bytes", "dead_letters", "failed_deliveries"):
+        for key in summed:
             out[key].update(s.get(key, {}))
         out["unacknowledged"] += int(s.get("unacknowledged", 0))
         out["dead_letter_reasons"] += s.get("dead_letter_reasons", [])
@@ -552,251 +616,7 @@ def merge_stats(parts: list[dict]) -> dict:
                 c["consumed"][g] = c["consumed"].get(g, 0) + n
             for g, n in v.get("redelivered", {}).items():
                 c.setdefault("redelivered", {})[g] = c.get("redelivered", {}).get(g, 0) + n
-    for key in ("messages", "bytes", "payload_bytes", "dead_letters", "failed_deliveries"):
+    for key in summed:
         out[key] = dict(out[key])
     out["dead_letter_total"] = sum(out["dead_letters"].values())
     return out
-
-
-def _tp_key(tp) -> str:
-    return f"{tp.topic}/{tp.partition}"
-
-
-class _AssignedConsumer(Consumer):
-    """A reader of fixed partitions (Kafka `assign`), committing to its group when the engine says so."""
-
-    def __init__(self, transport: KafkaTransport, subs, group):
-        kafka = _import_kafka()
-        self.transport = transport
-        self.group = group
-        self.kc = transport._new_kafka_consumer(group)
-        self.tps = [kafka.TopicPartition(transport.topic(k), p) for k, p in subs]
-        self.kc.assign(self.tps)
-        self._returned: dict = {}     # tp -> offset after the last record returned by poll
-        self._processed: dict = {}    # tp -> offset after the last record the engine has handled
-        self._committed: dict = {}
-        self._last_commit = 0.0
-        self._closed = False
-        self._gone = False
-        self._lock = threading.Lock()
-
-    def poll(self, timeout: float, max_messages: int = 256) -> list[Message]:
-        if self._closed:
-            return []
-        self.transport._raise_if_lost()
-        with self._lock:
-            batches = self.kc.poll(timeout_ms=int(max(timeout, 0.0) * 1000), max_records=max_messages)
-            records = []
-            for tp, recs in batches.items():
-                if recs:
-                    records.extend(recs)
-                    self._returned[tp] = recs[-1].offset + 1
-        return self.transport.decode_records(records, self.group)
-
-    def commit(self) -> None:
-        self._processed.update(self._returned)
-        if self.group is None or self._processed == self._committed:
-            return
-        now = time.monotonic()
-        if now - self._last_commit < self.transport.commit_interval_s:
-            return
-        self._commit(sync=False)
-
-    def _commit(self, sync: bool) -> None:
-        kafka = _import_kafka()
-        from kafka.structs import OffsetAndMetadata
-
-        offsets = {tp: OffsetAndMetadata(off, "", -1) for tp, off in self._processed.items()}
-        if not offsets:
-            return
-        self._last_commit = time.monotonic()
-        snapshot = dict(self._processed)
-        with self._lock:
-            try:
-                if sync:
-                    self.kc.commit(offsets, timeout_ms=10000)
-                    self._committed = snapshot
-                else:
-                    def done(_offsets, exc):
-                        if not isinstance(exc, Exception):
-                            self._committed = snapshot
-                    self.kc.commit_async(offsets, callback=done)
-            except kafka.errors.KafkaError as e:  # broker away: the next commit carries these offsets too
-                log.info("offset commit deferred: %s", e)
-
-    def processed_offsets(self) -> dict:
-        return {_tp_key(tp): off for tp, off in self._processed.items()}
-
-    def _drain(self, deadline: float) -> None:
-        if self._gone:
-            return
-        while time.monotonic() < deadline:
-            with self._lock:  # the end moves if a last message lands meanwhile: look again each round
-                end = self.kc.end_offsets(self.tps)
-                behind = [tp for tp in self.tps if self.kc.position(tp) < end[tp]]
-            if not behind:
-                break
-            self.poll(0.1, max_messages=1024)
-        self._processed.update(self._returned)
-        if self.group is not None:
-            self._commit(sync=True)
-
-    def close(self) -> None:
-        """Commit what was handled; with a lingering transport the consumer stays readable until it closes."""
-        self._processed.update(self._returned)
-        if not self.transport.linger_consumers:
-            self._closed = True
-            self._close_now()
-
-    def _close_now(self) -> None:
-        if self._gone:
-            return
-        self._processed.update(self._returned)
-        self._gone = True
-        try:  # closing never fails a run: at worst a restarted reader sees a few messages again
-            if self.group is not None:
-                self._commit(sync=True)
-            self.kc.close(autocommit=False, timeout_ms=5000)
-        except Exception as e:
-            log.info("consumer close: %s", e)
-
-
-class _SharedGroup:
-    """One Kafka consumer per process for a work-sharing group, handing records to in-process members.
-
-    The process reads its static share of the work-queue partitions (``KafkaTransport.work_share``). Offsets
-    are committed up to the first record a member has taken but not yet committed, so a record is never marked
-    consumed before the member that took it has handled it."""
-
-    def __init__(self, transport: KafkaTransport, kinds: list[str], group: str):
-        kafka = _import_kafka()
-        self.transport = transport
-        self.group = group
-        self.kc = transport._new_kafka_consumer(group)
-        self.lock = threading.Lock()
-        self.buffer: collections.deque = collections.deque()
-        self.next_offset: dict = {}          # tp -> offset after the last record handed out
-        self.outstanding: dict = collections.defaultdict(set)  # tp -> offsets handed out, not committed
-        self.committed: dict = {}
-        self._last_commit = 0.0
-        self._gone = False
-        k, w = transport.work_share
-        self.tps = [kafka.TopicPartition(transport.topic(kind), p) for kind in kinds
-                    for p in range(topic_partitions(kind, transport.partitions)) if p % w == k]
-        if not self.tps:
-            print(f"dorylus: warning: work-queue member {k} of {w} has no partition to read (the run has "
-                  f"{transport.partitions} graph servers)", file=sys.stderr)
-        self.kc.assign(self.tps)
-
-    def take(self, timeout: float, max_messages: int, member) -> list[Message]:
-        deadline = time.monotonic() + timeout
-        while True:
-            self.transport._raise_if_lost()
-            with self.lock:
-                if self._gone:
-                    return []
-                if not self.buffer:
-                    wait = max(0.0, min(deadline - time.monotonic(), 0.05))
-                    for tp, recs in self.kc.poll(timeout_ms=int(wait * 1000), max_records=64).items():
-                        self.buffer.extend((tp, r) for r in recs)
-                taken = []
-                while self.buffer and len(taken) < max_messages:
-                    tp, rec = self.buffer.popleft()
-                    self.next_offset[tp] = rec.offset + 1
-                    self.outstanding[tp].add(rec.offset)
-                    member.taken.append((tp, rec.offset))
-                    taken.append(rec)
-                if taken:  # decoded (and counted) in offset order, before another member takes more
-                    return self.transport.decode_records(taken, self.group)
-            if time.monotonic() >= deadline:
-                return []
-
-    def done(self, member) -> None:
-        with self.lock:
-            for tp, off in member.taken:
-                self.outstanding.get(tp, set()).discard(off)
-            member.taken.clear()
-            if time.monotonic() - self._last_commit >= self.transport.commit_interval_s:
-                self._commit_locked(sync=False)
-
-    def _commit_locked(self, sync: bool) -> None:
-        from kafka.structs import OffsetAndMetadata
-        import kafka
-
-        offsets = {}
-        for tp, nxt in self.next_offset.items():
-            out = self.outstanding.get(tp)
-            off = min(out) if out else nxt
-            if self.committed.get(tp) != off:
-                offsets[tp] = off
-        if not offsets:
-            return
-        self._last_commit = time.monotonic()
-        try:
-            om = {tp: OffsetAndMetadata(off, "", -1) for tp, off in offsets.items()}
-            if sync:
-                self.kc.commit(om, timeout_ms=10000)
-            else:
-                self.kc.commit_async(om)
-            self.committed.update(offsets)
-        except kafka.errors.KafkaError as e:
-            log.info("offset commit deferred: %s", e)
-
-    def processed_offsets(self) -> dict:
-        with self.lock:
-            return {_tp_key(tp): off for tp, off in self.committed.items()}
-
-    def drain(self, deadline: float) -> None:
-        with self.lock:
-            if self._gone:
-                return
-            tps = self.tps
-            while tps and time.monotonic() < deadline:
-                end = self.kc.end_offsets(tps)
-                if all(self.kc.position(tp) >= end[tp] for tp in tps) and not self.buffer:
-                    break
-                recs = [r for _, r in self.buffer]
-                self.buffer.clear()
-                for tp, rs in self.kc.poll(timeout_ms=100, max_records=1024).items():
-                    recs.extend(rs)
-                for r in recs:
-                    from kafka import TopicPartition
-
-                    tp = TopicPartition(r.topic, r.partition)
-                    self.next_offset[tp] = max(self.next_offset.get(tp, 0), r.offset + 1)
-                self.transport.decode_records(recs, self.group)
-            self.outstanding.clear()
-            self._commit_locked(sync=True)
-
-    def close(self) -> None:
-        with self.lock:
-            if self._gone:
-                return
-            self._gone = True
-            try:
-                self._commit_locked(sync=True)
-                self.kc.close(autocommit=False, timeout_ms=5000)
-            except Exception as e:
-                log.info("consumer close: %s", e)
-
-
-class _MemberConsumer(Consumer):
-    def __init__(self, shared: _SharedGroup):
-        self.shared = shared
-        self.taken: list = []
-        self.group = shared.group
-
-    def poll(self, timeout: float, max_messages: int = 256) -> list[Message]:
-        return self.shared.take(timeout, max_messages, self)
-
-    def commit(self) -> None:
-        self.shared.done(self)
-
-    def close(self) -> None:
-        self.shared.done(self)
-
-    def _drain(self, deadline: float) -> None:
-        pass
-
-    def _close_now(self) -> None:
-        pass
