@@ -31,6 +31,7 @@ from pipelines.plan.shape import (TENSOR_TASKS, Shape, Step, Task, build_stages,
                                   task_size)
 from pipelines.engine.pools import autotune_start
 from pipelines.plan.cluster import Layout, Network
+from pipelines.plan.meter import measured_gil_share, measured_poll_s
 from pipelines.plan.sim import simulate
 from pipelines.plan import world
 from schemas.tasks import StalenessMode
@@ -58,7 +59,9 @@ class Costs:
     background: float = 0.0     # other runnable threads on the calibration machine while it ran
     cores: float = 1.0
     gs_step_s: float = 0.0      # graph-server thread time per tensor task outside any span (fitted)
-    poll_s: float = 0.0         # local: CPU of one pass of a graph server's poll loop (fitted)
+    poll_s: float = 0.0         # local: CPU of one pass of a graph server's poll loop (metered, else fitted)
+    gil_share: dict = dataclasses.field(default_factory=dict)   # Task -> the part of a local tensor task's
+    #                             time its worker thread computes (holding the GIL); the rest is XLA's (metered)
 
     def seconds(self, kind: Task, size) -> float:
         a, b, c = self.coefficients(kind)
@@ -76,6 +79,7 @@ class Costs:
     def to_json(self) -> dict:
         return {"source": self.source, "local_latency_s": self.local_latency_s, "background": self.background,
                 "cores": self.cores, "gs_step_s": self.gs_step_s, "poll_s": self.poll_s,
+                "gil_share": {k.value: round(v, 4) for k, v in sorted(self.gil_share.items())},
                 "kinds": {k.value: dict(zip(("per_base_s", "per_wide_s", "per_task_s"), self.coefficients(k)),
                                         samples=self.samples.get(k, 0)) for k in sorted(self.coef)}}
 
@@ -253,7 +257,11 @@ def calibrate(run_dirs, skip_epochs: int = 1, *, background: float | list = 0.0,
     latency = max(float(np.percentile(lat, 5)) / 2, 0.0) if lat else 0.0002
     source = ",".join(map(str, dirs))
     costs = Costs(coef, latency, source, {k: len(v) for k, v in pts.items()}, float(np.mean(bgs)), cores)
-    costs = dataclasses.replace(costs, **fit_overheads(costs, runs))
+    poll = measured_poll_s(dirs)   # metered on the graph servers' threads (`meter.LoopMeter`): not fitted then
+    if poll is not None:
+        costs = dataclasses.replace(costs, poll_s=poll)
+    costs = dataclasses.replace(costs, gil_share=measured_gil_share(dirs))
+    costs = dataclasses.replace(costs, **fit_overheads(costs, runs, fit_poll=poll is None))
     return costs, runs[0]
 
 
@@ -264,7 +272,8 @@ def local_layout(cfg, costs: Costs, *, background: float | None = None, cores: f
     the kernels (dispatch, conversions, messages) holds the GIL most of the time: the process runs as on one
     core (`PROCESS_CORES`), whatever the machine has. The machine's other load (`background` runnable threads
     on `cores`) leaves one thread min(1, cores / (background + 1)) of a core; on the process's one core that is
-    a background of (background + 1) / cores - 1 (none when the machine has a core to spare)."""
+    a background of (background + 1) / cores - 1 (none when the machine has a core to spare). The kernels of a
+    tensor task run on XLA's threads without the GIL (`Costs.gil_share`): on the machine's other cores."""
     backend = "inline" if cfg.mode == "cpu-only" else "pool"
     tw = cfg.tensor_workers
     if tw == "aws":
@@ -274,6 +283,7 @@ def local_layout(cfg, costs: Costs, *, background: float | None = None, cores: f
     machine = costs.cores if cores is None else cores
     return Layout("local", cfg.partitions, workers, backend=backend, staleness=cfg.staleness,
                   staleness_mode=StalenessMode(cfg.staleness_mode), cores=PROCESS_CORES,
+                  free_cores=max(machine - PROCESS_CORES, 0.0),
                   background=max(0.0, (bg + 1.0) / machine - 1.0),
                   task_latency_s=cfg.task_latency_s, net=Network(local_latency_s=costs.local_latency_s),
                   straggler_k=cfg.straggler_k, straggler_min_s=cfg.straggler_min_s)
@@ -283,7 +293,7 @@ def local_layout(cfg, costs: Costs, *, background: float | None = None, cores: f
 OVERHEADS = (("gs_step_s", 0.0, 0.05), ("poll_s", 0.0, 0.002), ("local_latency_s", None, 0.1))
 
 
-def fit_overheads(costs: Costs, runs: list, iterations: int = 5) -> dict:
+def fit_overheads(costs: Costs, runs: list, iterations: int = 5, fit_poll: bool = True) -> dict:
     """The numbers the spans do not show, fitted so that the simulated calibration runs are as slow as the
     measured ones (name -> value, for `Costs`):
 
@@ -295,7 +305,9 @@ def fit_overheads(costs: Costs, runs: list, iterations: int = 5) -> dict:
     - poll_s: one pass of a graph server's loop (poll the channels, walk its intervals, check stragglers),
       which runs every 2 ms while it has tasks in flight (`gs.GraphServerSim.run`): several graph servers
       waiting on one worker take the GIL from it that often. Needs a run with several graph servers (one
-      graph server polls only while the worker computes, which hides it).
+      graph server polls only while the worker computes, which hides it). Even then the fit is ill-posed (a pass
+      costs little against the tasks of such a run), so where the runs were metered (`meter.LoopMeter`) the
+      measured figure is used and not fitted (`fit_poll=False`).
     - local_latency_s: the per-message hand-off latency (a woken thread waiting for a core), which overlaps
       with other threads' work.
 
@@ -309,7 +321,7 @@ def fit_overheads(costs: Costs, runs: list, iterations: int = 5) -> dict:
     names = ["local_latency_s"]
     if len({m.shape.intervals * m.shape.partitions for m in runs if m.shape.partitions == 1}) > 1:
         names.append("gs_step_s")
-    if any(m.shape.partitions > 1 for m in runs) and len({(m.shape.partitions, m.shape.intervals)
+    if fit_poll and any(m.shape.partitions > 1 for m in runs) and len({(m.shape.partitions, m.shape.intervals)
                                                           for m in runs}) > len(names):
         names.append("poll_s")
     bounds = {n: (floor if lo is None else lo, hi) for n, lo, hi in OVERHEADS}
