@@ -81,8 +81,7 @@ class Layout:
     backend: str = "pool"                 # "pool" (local threads), "lambda", or "inline" (cpu-only)
     staleness: int | None = 0
     staleness_mode: StalenessMode = StalenessMode.PREDICT   # what S >= 1 makes stale (the engine's modes)
-    cores: float = 2.0                    # local: the cores the process's Python runs on (its GIL: one)
-    free_cores: float = 0.0               # local: cores left to work that releases the GIL (XLA's threads)
+    cores: float = 2.0                    # local: the machine's cores
     background: float = 0.0               # local: other runnable threads sharing them (the machine's load)
     task_latency_s: float = 0.0           # local: --task-latency-s
     graph_instance: str = "c5n.2xlarge"

@@ -150,13 +150,7 @@ class WorkerPoolSim:
             elif L.task_latency_s > 0:
                 yield des.Sleep(L.task_latency_s)
             t0 = self.loop.now
-            cmd = self.w.compute("worker", cpu, kind, msg.stage)
-            gil = self.w.costs.gil_share.get(kind, 1.0) if self.w.L.kind == "local" else 1.0
-            if gil < 1.0:   # the Python around the kernels holds the GIL, the kernels run on XLA's threads
-                yield des.Compute(cpu, cmd.work * gil, cmd.cap)
-                yield des.Compute(self.w.xla_cpu, cmd.work * (1.0 - gil), 1.0)
-            else:
-                yield cmd
+            yield self.w.compute("worker", cpu, kind, msg.stage)
             busy = self.loop.now - t0
             self.busy += busy
             if lam:

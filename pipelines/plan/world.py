@@ -52,9 +52,6 @@ class World:
             self.gs_cpu = [m] * L.partitions
             self.ps_cpu = m
             self.pool_cpu = m
-            # A tensor task's kernels run on XLA's threads, without the GIL: on the cores the Python does not
-            # hold (`Costs.gil_share` splits a task's time), or, with none spare, on the same one.
-            self.xla_cpu = des.Shared(self.loop, L.free_cores, "local-xla") if L.free_cores > 0 else m
             self.speed = {"gs": 1.0, "ps": 1.0, "worker": 1.0}
             self.vcpus = {"gs": 1.0, "ps": 1.0, "worker": 1.0}
         else:
