@@ -31,7 +31,7 @@ from pipelines.plan.shape import (TENSOR_TASKS, Shape, Step, Task, build_stages,
                                   task_size)
 from pipelines.engine.pools import autotune_start
 from pipelines.plan.cluster import Layout, Network
-from pipelines.plan.meter import measured_gil_share, measured_poll_s
+from pipelines.plan.meter import measured_poll_s
 from pipelines.plan.sim import simulate
 from pipelines.plan import world
 from schemas.tasks import StalenessMode
@@ -60,8 +60,6 @@ class Costs:
     cores: float = 1.0
     gs_step_s: float = 0.0      # graph-server thread time per tensor task outside any span (fitted)
     poll_s: float = 0.0         # local: CPU of one pass of a graph server's poll loop (metered, else fitted)
-    gil_share: dict = dataclasses.field(default_factory=dict)   # Task -> the part of a local tensor task's
-    #                             time its worker thread computes (holding the GIL); the rest is XLA's (metered)
 
     def seconds(self, kind: Task, size) -> float:
         a, b, c = self.coefficients(kind)
@@ -79,7 +77,6 @@ class Costs:
     def to_json(self) -> dict:
         return {"source": self.source, "local_latency_s": self.local_latency_s, "background": self.background,
                 "cores": self.cores, "gs_step_s": self.gs_step_s, "poll_s": self.poll_s,
-                "gil_share": {k.value: round(v, 4) for k, v in sorted(self.gil_share.items())},
                 "kinds": {k.value: dict(zip(("per_base_s", "per_wide_s", "per_task_s"), self.coefficients(k)),
                                         samples=self.samples.get(k, 0)) for k in sorted(self.coef)}}
 
@@ -260,7 +257,6 @@ def calibrate(run_dirs, skip_epochs: int = 1, *, background: float | list = 0.0,
     poll = measured_poll_s(dirs)   # metered on the graph servers' threads (`meter.LoopMeter`): not fitted then
     if poll is not None:
         costs = dataclasses.replace(costs, poll_s=poll)
-    costs = dataclasses.replace(costs, gil_share=measured_gil_share(dirs))
     costs = dataclasses.replace(costs, **fit_overheads(costs, runs, fit_poll=poll is None))
     return costs, runs[0]
 
@@ -272,8 +268,7 @@ def local_layout(cfg, costs: Costs, *, background: float | None = None, cores: f
     the kernels (dispatch, conversions, messages) holds the GIL most of the time: the process runs as on one
     core (`PROCESS_CORES`), whatever the machine has. The machine's other load (`background` runnable threads
     on `cores`) leaves one thread min(1, cores / (background + 1)) of a core; on the process's one core that is
-    a background of (background + 1) / cores - 1 (none when the machine has a core to spare). The kernels of a
-    tensor task run on XLA's threads without the GIL (`Costs.gil_share`): on the machine's other cores."""
+    a background of (background + 1) / cores - 1 (none when the machine has a core to spare)."""
     backend = "inline" if cfg.mode == "cpu-only" else "pool"
     tw = cfg.tensor_workers
     if tw == "aws":
@@ -283,7 +278,6 @@ def local_layout(cfg, costs: Costs, *, background: float | None = None, cores: f
     machine = costs.cores if cores is None else cores
     return Layout("local", cfg.partitions, workers, backend=backend, staleness=cfg.staleness,
                   staleness_mode=StalenessMode(cfg.staleness_mode), cores=PROCESS_CORES,
-                  free_cores=max(machine - PROCESS_CORES, 0.0),
                   background=max(0.0, (bg + 1.0) / machine - 1.0),
                   task_latency_s=cfg.task_latency_s, net=Network(local_latency_s=costs.local_latency_s),
                   straggler_k=cfg.straggler_k, straggler_min_s=cfg.straggler_min_s)

@@ -6,7 +6,6 @@ import threading
 import time
 from pathlib import Path
 
-from pipelines.engine import tensor_worker
 from pipelines.engine.graph_server import GraphServer
 
 #: Where a metered run records it (read back by `calibrate.calibrate` as the run's `poll_s`).
@@ -21,10 +20,6 @@ class LoopMeter:
     work on the process's one core (`Costs.poll_s`); an epoch-time fit cannot tell it from the other overheads
     (a run with few graph servers barely shows it), the thread's own clock can.
 
-    It also times each local tensor task on its worker thread (`tensor_worker.execute`): the thread's CPU against
-    the task's time is the part that holds the GIL (the Python around the kernels); XLA runs the rest on its own
-    threads (`Costs.gil_share`).
-
     It wraps the engine's methods (restored on exit), so use it around a calibration run, not a production one.
     """
 
@@ -35,7 +30,6 @@ class LoopMeter:
         self.total_cpu = 0.0
         self.work_cpu = 0.0
         self._depth = threading.local()
-        self.tasks: dict = {}   # kind -> [thread CPU, wall, count] of the workers' `execute`
 
     def _timed(self, name: str, counts_as_work):
         orig = self._orig[name]
@@ -76,22 +70,6 @@ class LoopMeter:
                 meter.passes += 1
             return orig_check(gs)
 
-        self._orig_execute = tensor_worker.execute
-
-        def execute(model, msg, params):
-            c0, t0 = time.thread_time(), time.perf_counter()
-            out = meter._orig_execute(model, msg, params)
-            cpu, wall = time.thread_time() - c0, time.perf_counter() - t0
-            if msg.epoch < 1:   # epoch 0 compiles every stage on this thread: not the steady state
-                return out
-            with meter._lock:
-                v = meter.tasks.setdefault(str(getattr(msg.kind, "value", msg.kind)), [0.0, 0.0, 0])
-                v[0] += cpu
-                v[1] += wall
-                v[2] += 1
-            return out
-
-        tensor_worker.execute = execute
         GraphServer.run = run
         GraphServer._check_stragglers = check
         GraphServer.handle = self._timed("handle", lambda out: True)
@@ -101,7 +79,6 @@ class LoopMeter:
     def __exit__(self, *exc):
         for name, f in self._orig.items():
             setattr(GraphServer, name, f)
-        tensor_worker.execute = self._orig_execute
 
     @property
     def poll_s(self) -> float:
@@ -110,7 +87,7 @@ class LoopMeter:
 
     def write(self, run_dir: str | Path) -> dict:
         rec = {"poll_s": self.poll_s, "passes": self.passes, "total_cpu_s": self.total_cpu,
-               "work_cpu_s": self.work_cpu, "tasks": self.tasks}
+               "work_cpu_s": self.work_cpu}
         (Path(run_dir) / LOOP_FILE).write_text(json.dumps(rec))
         return rec
 
@@ -130,18 +107,3 @@ def measured_poll_s(run_dirs) -> float | None:
         got.append(float(json.loads(f.read_text())["poll_s"]))
     return float(np.median(got)) if got else None
 
-
-def measured_gil_share(run_dirs) -> dict:
-    """Task -> thread CPU / time of the local tensor tasks the metered runs among these recorded (pooled), {}
-    where none were metered."""
-    from pipelines.plan.shape import Task
-
-    cpu, wall = {}, {}
-    for d in run_dirs:
-        f = Path(d) / LOOP_FILE
-        if not f.is_file():
-            continue
-        for kind, (c, w, _) in json.loads(f.read_text()).get("tasks", {}).items():
-            cpu[kind] = cpu.get(kind, 0.0) + c
-            wall[kind] = wall.get(kind, 0.0) + w
-    return {Task(k): min(cpu[k] / wall[k], 1.0) for k in cpu if wall[k] > 0}
