@@ -22,9 +22,11 @@ from pipelines.config import ConfigError, TrainConfig
 from pipelines.data.registry import load_dataset
 from pipelines.engine.param_server import weight_version
 from pipelines.engine.partition import build_plan
+from pipelines.engine.graph_server import GraphServer
 from pipelines.engine.runner import train_engine
 from pipelines.plan import search
 from pipelines.plan.calibrate import calibrate, fit, local_layout, tagged
+from pipelines.plan.meter import LOOP_FILE, LoopMeter
 from pipelines.plan.shape import Task, from_plan, schedule, step_task
 from pipelines.plan.sim import simulate
 from pipelines.train import model_inputs
@@ -42,7 +44,9 @@ def measured(tmp_path_factory):
                       patience=0).resolved()
     graph = load_dataset(SPEC, None, seed=0)
     (out / "config.toml").write_text(cfg.to_toml())
-    result = train_engine(cfg, graph, out=out, evaluate=False)
+    with LoopMeter() as meter:   # the graph servers' loop passes, as plan_check does
+        result = train_engine(cfg, graph, out=out, evaluate=False)
+    meter.write(out)
     costs, m = calibrate(out)
     _, a = model_inputs(cfg, graph)
     shape = from_plan(build_plan(a, 2, 2, cfg.partitioner, cfg.seed), graph.num_nodes,
@@ -226,3 +230,15 @@ def test_poll_loop_costs_cpu_but_keeps_the_task_order(measured):
     assert _sequences(polled.rows) == _sequences(m.rows)
     assert polled.busy["graph_servers"] > base.busy["graph_servers"]
     assert polled.epoch_time() >= base.epoch_time() * 0.999
+
+
+def test_meter_times_the_loop_passes_and_calibration_uses_them(measured):
+    """The metered run recorded its loop passes; calibration takes their CPU as measured (poll_s is not fitted
+    then), the methods the meter wrapped are the engine's own again, and the simulation above (which used the
+    measured poll_s) kept the engine's task order."""
+    out = measured[0]
+    rec = json.loads((out / LOOP_FILE).read_text())
+    assert rec["passes"] > 0 and rec["total_cpu_s"] > rec["work_cpu_s"] > 0
+    costs, _ = calibrate(out)
+    assert costs.poll_s == pytest.approx(rec["poll_s"]) and costs.poll_s > 0
+    assert GraphServer.run.__module__ == "pipelines.engine.graph_server"

@@ -31,6 +31,7 @@ from pipelines.plan.shape import (TENSOR_TASKS, Shape, Step, Task, build_stages,
                                   task_size)
 from pipelines.engine.pools import autotune_start
 from pipelines.plan.cluster import Layout, Network
+from pipelines.plan.meter import measured_poll_s
 from pipelines.plan.sim import simulate
 from pipelines.plan import world
 from schemas.tasks import StalenessMode
@@ -58,7 +59,7 @@ class Costs:
     background: float = 0.0     # other runnable threads on the calibration machine while it ran
     cores: float = 1.0
     gs_step_s: float = 0.0      # graph-server thread time per tensor task outside any span (fitted)
-    poll_s: float = 0.0         # local: CPU of one pass of a graph server's poll loop (fitted)
+    poll_s: float = 0.0         # local: CPU of one pass of a graph server's poll loop (metered, else fitted)
 
     def seconds(self, kind: Task, size) -> float:
         a, b, c = self.coefficients(kind)
@@ -253,7 +254,10 @@ def calibrate(run_dirs, skip_epochs: int = 1, *, background: float | list = 0.0,
     latency = max(float(np.percentile(lat, 5)) / 2, 0.0) if lat else 0.0002
     source = ",".join(map(str, dirs))
     costs = Costs(coef, latency, source, {k: len(v) for k, v in pts.items()}, float(np.mean(bgs)), cores)
-    costs = dataclasses.replace(costs, **fit_overheads(costs, runs))
+    poll = measured_poll_s(dirs)   # metered on the graph servers' threads (`meter.LoopMeter`): not fitted then
+    if poll is not None:
+        costs = dataclasses.replace(costs, poll_s=poll)
+    costs = dataclasses.replace(costs, **fit_overheads(costs, runs, fit_poll=poll is None))
     return costs, runs[0]
 
 
@@ -283,7 +287,7 @@ def local_layout(cfg, costs: Costs, *, background: float | None = None, cores: f
 OVERHEADS = (("gs_step_s", 0.0, 0.05), ("poll_s", 0.0, 0.002), ("local_latency_s", None, 0.1))
 
 
-def fit_overheads(costs: Costs, runs: list, iterations: int = 5) -> dict:
+def fit_overheads(costs: Costs, runs: list, iterations: int = 5, fit_poll: bool = True) -> dict:
     """The numbers the spans do not show, fitted so that the simulated calibration runs are as slow as the
     measured ones (name -> value, for `Costs`):
 
@@ -295,7 +299,9 @@ def fit_overheads(costs: Costs, runs: list, iterations: int = 5) -> dict:
     - poll_s: one pass of a graph server's loop (poll the channels, walk its intervals, check stragglers),
       which runs every 2 ms while it has tasks in flight (`gs.GraphServerSim.run`): several graph servers
       waiting on one worker take the GIL from it that often. Needs a run with several graph servers (one
-      graph server polls only while the worker computes, which hides it).
+      graph server polls only while the worker computes, which hides it). Even then the fit is ill-posed (a pass
+      costs little against the tasks of such a run), so where the runs were metered (`meter.LoopMeter`) the
+      measured figure is used and not fitted (`fit_poll=False`).
     - local_latency_s: the per-message hand-off latency (a woken thread waiting for a core), which overlaps
       with other threads' work.
 
@@ -309,7 +315,7 @@ def fit_overheads(costs: Costs, runs: list, iterations: int = 5) -> dict:
     names = ["local_latency_s"]
     if len({m.shape.intervals * m.shape.partitions for m in runs if m.shape.partitions == 1}) > 1:
         names.append("gs_step_s")
-    if any(m.shape.partitions > 1 for m in runs) and len({(m.shape.partitions, m.shape.intervals)
+    if fit_poll and any(m.shape.partitions > 1 for m in runs) and len({(m.shape.partitions, m.shape.intervals)
                                                           for m in runs}) > len(names):
         names.append("poll_s")
     bounds = {n: (floor if lo is None else lo, hi) for n, lo, hi in OVERHEADS}
