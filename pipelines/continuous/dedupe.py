@@ -29,12 +29,24 @@ _MASKS = np.array([(1 << (8 * k)) - 1 for k in range(8)] + [(1 << 64) - 1], np.u
 _R1, _R2 = np.uint64(31), np.uint64(64 - 31)
 
 
+HASH_CHUNK = 1 << 16  # ids hashed at a time: the passes over each word column then stay in the cache (~1.8x
+# faster than passes over a million ids at once)
+
+
 def id_hashes(ids: pa.Array) -> tuple[np.ndarray, np.ndarray]:
-    """Two independent 64-bit hashes of each string, column-wise: word j of every id (its bytes 8j..8j+7,
-    read as one unaligned little-endian uint64, the bytes past its end masked off) is folded into both hashes
+    """:func:`_id_hashes` of chunks of at most HASH_CHUNK ids (the same values: a slice hashes as its values)."""
+    ids = ids.combine_chunks() if isinstance(ids, pa.ChunkedArray) else ids
+    if len(ids) <= HASH_CHUNK:
+        return _id_hashes(ids)
+    parts = [_id_hashes(ids.slice(i, HASH_CHUNK)) for i in range(0, len(ids), HASH_CHUNK)]
+    return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
+
+
+def _id_hashes(ids: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """Two independent 64-bit hashes of each string, column-wise: word j of every id that has one (its bytes
+    8j..8j+7, read as one unaligned little-endian uint64, the bytes past its end masked off) is folded into both hashes
     (multiply, xor, rotate: a few array passes per word), which get a full avalanche mix at the end; the
     length seeds them, so masked padding cannot collide."""
-    ids = ids.combine_chunks() if isinstance(ids, pa.ChunkedArray) else ids
     n = len(ids)
     if n == 0:
         return np.zeros(0, np.uint64), np.zeros(0, np.uint64)
@@ -49,16 +61,28 @@ def id_hashes(ids: pa.Array) -> tuple[np.ndarray, np.ndarray]:
     start, lengths = offsets[:-1] - lo, np.diff(offsets)
     ln = lengths.astype(np.uint64)
     h1, h2 = _S1 ^ (ln * _M2), _S2 + ln
+    full = int(lengths.min()) // 8  # words inside every id: all of them fold it, unmasked
     with np.errstate(over="ignore"):
-        for j in range(-(-int(lengths.max(initial=0)) // 8)):
-            left = np.minimum(np.maximum(lengths - 8 * j, 0), 8)  # (np.clip costs more than the hashing here)
-            w = words[np.minimum(start + 8 * j, raw.size)] & _MASKS[left]
-            h1 ^= w
-            h1 *= _M1
-            h1 = (h1 << _R1) | (h1 >> _R2)
-            h2 += w
-            h2 *= _M2
-            h2 ^= h2 >> np.uint64(29)
+        for j in range(-(-int(lengths.max()) // 8)):
+            # Only the ids that have a word j fold it: folding a zero word would still change a hash, and an id's
+            # hash must not depend on the longest id of its batch (a repeat in another batch must match).
+            if j < full:
+                w = words[start + 8 * j]
+                a1, a2 = h1, h2
+            else:
+                act = np.flatnonzero(lengths > 8 * j)
+                w = words[start[act] + 8 * j] & _MASKS[np.minimum(lengths[act] - 8 * j, 8)]
+                a1, a2 = h1[act], h2[act]
+            a1 ^= w
+            a1 *= _M1
+            a1 = (a1 << _R1) | (a1 >> _R2)
+            a2 += w
+            a2 *= _M2
+            a2 ^= a2 >> np.uint64(29)
+            if j < full:
+                h1, h2 = a1, a2
+            else:
+                h1[act], h2[act] = a1, a2
         return _mix(h1), _mix(h2 ^ np.uint64(0x5851F42D4C957F2D))
 
 
