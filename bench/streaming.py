@@ -164,7 +164,7 @@ def bench_ingest(bootstrap: str, args, cfg) -> None:
     emit({"phase": "ingest", "what": "live producer done", **produced})
     for r in rows:
         emit({"phase": "memory", "what": "round", **{k: r.get(k) for k in (
-            "round", "events", "nodes", "edges", "rss_bytes", "graph_bytes", "dedupe_ids", "compiles",
+            "round", "events", "nodes", "edges", "rss_bytes", "graph_bytes", "dedupe_ids", "dedupe_bytes", "compiles",
             "bucket_growths", "capacity_nodes", "capacity_entries", "checkpoint_kind", "checkpoint_bytes",
             "train_s", "apply_s", "round_s", "ingest_eps_during_training")},
             "checkpoint_bytes_per_event": r["checkpoint_bytes"] / max(r["events"], 1)})
@@ -186,7 +186,7 @@ def bench_ingest(bootstrap: str, args, cfg) -> None:
           "nodes": last["nodes"], "edges": last["edges"], "start": per(first), "end": per(last),
           "rss_start": first["rss_bytes"], "rss_end": last["rss_bytes"], "rss_max": max(r["rss_bytes"] for r in rows),
           "dedupe_ids_max": max(r["dedupe_ids"] for r in rows), "dedupe_ids_end": last["dedupe_ids"],
-          "dedupe_bytes_max": 16 * max(r["dedupe_ids"] for r in rows),
+          "dedupe_bytes_max": max(r.get("dedupe_bytes", 16 * r["dedupe_ids"]) for r in rows),
           "checkpoint_bytes_per_event_delta": {"min": float(ratio.min()), "median": float(np.median(ratio)),
                                                "max": float(ratio.max())} if ratio.size else None,
           "compiles_total": int(sum(compiles)), "bucket_growths": int(growth.sum()),
@@ -424,7 +424,7 @@ def main(argv=None) -> int:
     p.add_argument("--train-round-s", type=float, default=4.0, help="(ingest while training) event time per round")
     p.add_argument("--live-eps", type=float, default=1e6, help="(ingest while training) events/s the producer "
                    "offers (0: as fast as it can)")
-    p.add_argument("--live-tail-s", type=float, default=8.0, help="(ingest while training) seconds of feature "
+    p.add_argument("--live-tail-s", type=float, default=5.0, help="(ingest while training) seconds of feature "
                    "updates sent after the graph")
     p.add_argument("--produce-child", metavar="TOPIC", help=argparse.SUPPRESS)
     p.add_argument("--lag-dataset", default="cora")

@@ -114,6 +114,10 @@ class _Window:
         self._shift = np.uint64(64 - 12)
         self._slots = np.zeros(1 << 12, np.uint8)
 
+    @property
+    def filter_bytes(self) -> int:
+        return self._slots.nbytes
+
     def _slot(self, h2: np.ndarray) -> np.ndarray:
         return (h2 >> self._shift).astype(np.intp)
 
@@ -180,7 +184,8 @@ class Dedupe:
 
     @property
     def nbytes(self) -> int:
-        return 16 * self.size
+        """Bytes held: 16 a key, and the windows' filters (4-8 bytes a key)."""
+        return sum(16 * w.size + w.filter_bytes for w in self.windows.values())
 
     def advance(self, watermark_ms: int | None) -> None:
         """Move the horizon to watermark - retention and drop the windows wholly below it."""

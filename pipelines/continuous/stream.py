@@ -360,6 +360,7 @@ class Stream(IngestMixin, PersistMixin):
             row.update({f"{k_}_total": v for k_, v in self.counters.items()})
             row["pending"] = self.pending_rows
             row["dedupe_ids"] = self.dedupe.size
+            row["dedupe_bytes"] = self.dedupe.nbytes
         row.update({"compiles": compile_count() - c0, "precompiles": precompile_count() - pc0, "graph_bytes": self.graph.nbytes(), "rss_bytes": rss_bytes()})
         if self.trainer is not None and self.trainer.shape is not None:
             row.update({"capacity_nodes": self.trainer.shape[0], "capacity_entries": self.trainer.shape[1],
