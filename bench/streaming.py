@@ -5,10 +5,13 @@
    read it:
    a. *not training*: the first training waits for more labels than the stream has, so every round only applies
       events: events/s from the topic into the pending buffer and, per round, into the graph.
-   b. *training*: rounds (one per --train-round-s of event time) train from round 1 while the ingest thread reads
-      the backlog: events/s sampled (every 20 ms) while a round trains; per round the process RSS, the graph
-      state's bytes per vertex and per edge, the dedupe state's ids, XLA compiles and the capacity buckets, and
-      the checkpoint bytes against the events of the round.
+   b. *training*: a producer process (pre-encoded messages) sends a second copy of the graph while the stream
+      runs, paced at --live-eps events/s, then --live-tail-s seconds of feature updates of its vertices (the
+      graph keeps its size), so events keep arriving while rounds (one per --train-round-s of event time) train:
+      events/s sampled (every 20 ms) while a round trains and while none does, beside the rate offered and the
+      consumer's backlog; per round the process RSS, the graph state's bytes per vertex and per edge, the dedupe
+      state's ids, XLA compiles and the capacity buckets, and the checkpoint bytes against the events of the
+      round.
 2. lag: Cora replayed in real time (event time = wall clock, one slice every --lag-slice-s seconds). For every
    applied event that changes a model input (not a label): the broker timestamp of the first message on the
    predictions topic that holds its vertex on a graph containing the event (any model version: the newest
@@ -53,8 +56,9 @@ def stop_broker(state: str) -> None:
                    capture_output=True, text=True)
 
 
-def _sampled_stream(opts, cfg):
-    """Run a stream, sampling (time, ingested, training) every 20 ms; returns summary, metrics rows, samples."""
+def _sampled_stream(opts, cfg, started=None):
+    """Run a stream, sampling (time, ingested, training, backlog messages) every 20 ms; returns summary, metrics
+    rows, samples. started(): called once the stream runs (in its own thread)."""
     from pipelines.continuous.stream import Stream
 
     stream = Stream(opts, cfg)
@@ -65,11 +69,14 @@ def _sampled_stream(opts, cfg):
         while not done.is_set():
             with stream.lock:
                 n = stream.counters["ingested"]
-            samples.append((time.perf_counter(), n, stream.training))
+                backlog = sum(max(0, e - stream.positions.get(p, 0)) for p, e in stream.ends.items())
+            samples.append((time.perf_counter(), n, stream.training, backlog))
             time.sleep(0.02)
 
     th = threading.Thread(target=sample, daemon=True)
     th.start()
+    if started is not None:
+        threading.Timer(0.2, started).start()
     try:
         summary = stream.run()
     finally:
@@ -95,7 +102,11 @@ def _rates(samples, total):
     full = int(np.argmax(n >= total)) if (n >= total).any() else len(n) - 1
     eps_train, s_train = rate(busy & tr[1:] & tr[:-1])
     eps_idle, s_idle = rate(busy & ~tr[1:] & ~tr[:-1])
-    return {"eps_backlog": float((n[full] - n[first]) / max(t[full] - t[first], 1e-9)),
+    backlog = np.array([s[3] for s in samples])[1:]
+    both = busy & tr[1:] & tr[:-1]
+    extra = {"backlog_messages_median_while_training": float(np.median(backlog[both])) if both.any() else None,
+             "backlogged_share_while_training": float((backlog[both] > 0).mean()) if both.any() else None}
+    return {**extra, "eps_backlog": float((n[full] - n[first]) / max(t[full] - t[first], 1e-9)),
             "backlog_s": float(t[full] - t[first]), "eps_while_training": eps_train, "training_s_sampled": s_train,
             "eps_while_not_training": eps_idle, "not_training_s_sampled": s_idle}
 
@@ -107,39 +118,55 @@ def bench_ingest(bootstrap: str, args, cfg) -> None:
     from pipelines.continuous.stream import StreamOptions
     from pipelines.data.synthetic import planted_partition
 
-    graph = planted_partition(num_nodes=args.ingest_nodes, num_classes=7, avg_degree=args.ingest_degree,
-                              feature_dim=args.ingest_features, seed=0)
     topic = f"bench-ingest-{uuid.uuid4().hex[:8]}"
-    t0 = time.perf_counter()
-    sent = replay(graph, bootstrap, topic, slices=args.ingest_slices, slice_s=1.0, start_ms=1_700_000_000_000,
-                  topic_partitions=args.topic_partitions, batch_size=args.batch_size,
-                  compression=None if args.compression == "none" else args.compression)
-    produce_s = time.perf_counter() - t0
-    total = sent["events"]
-    emit({"phase": "ingest", "what": "produced", "events": total, "messages": sent["messages"],
-          "batch_size": args.batch_size, "compression": args.compression, "produce_s": produce_s,
-          "produce_eps": total / produce_s,
-          "nodes": graph.num_nodes, "edges": graph.num_edges // 2, "features": graph.feature_dim})
-    del graph
-    common = dict(bootstrap=bootstrap, events_topic=topic, round_interval_s=1.0, until_idle_s=3.0, num_classes=7,
+    common = dict(bootstrap=bootstrap, round_interval_s=1.0, until_idle_s=3.0, num_classes=7,
                   catch_up="skip", predict="none")
     if not args.skip_not_training:
-        bench_not_training(args, cfg, common, topic, total)
-    with tempfile.TemporaryDirectory() as out:  # b. training from round 1 while the backlog is read
-        # one round per --train-round-s of event time (catch-up by windows): round 1 trains on the first window
-        # while the ingest thread goes on reading the backlog; ids are kept 2 windows (the dedupe state drops
-        # the older ones during the run)
-        opts = StreamOptions(out=out, models_topic=f"{topic}-models-b", first_round_epochs=args.ingest_epochs,
+        graph = planted_partition(num_nodes=args.ingest_nodes, num_classes=7, avg_degree=args.ingest_degree,
+                                  feature_dim=args.ingest_features, seed=0)
+        t0 = time.perf_counter()
+        sent = replay(graph, bootstrap, topic, slices=args.ingest_slices, slice_s=1.0, start_ms=1_700_000_000_000,
+                      topic_partitions=args.topic_partitions, batch_size=args.batch_size,
+                      compression=None if args.compression == "none" else args.compression)
+        produce_s = time.perf_counter() - t0
+        emit({"phase": "ingest", "what": "produced", "events": sent["events"], "messages": sent["messages"],
+              "batch_size": args.batch_size, "compression": args.compression, "produce_s": produce_s,
+              "produce_eps": sent["events"] / produce_s,
+              "nodes": graph.num_nodes, "edges": graph.num_edges // 2, "features": graph.feature_dim})
+        del graph
+        bench_not_training(args, cfg, {**common, "events_topic": topic}, topic, sent["events"])
+    live = f"{topic}-live"
+    child = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--produce-child", live,
+                              "--bootstrap", bootstrap] + _ingest_argv(args),
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    ready = json.loads(child.stdout.readline())  # the messages are encoded and the topic exists
+    total = ready["events"]
+    emit({"phase": "ingest", "what": "live producer ready", **ready})
+
+    def go():
+        child.stdin.write("go\n")
+        child.stdin.flush()
+
+    with tempfile.TemporaryDirectory() as out:  # b. training while the producer sends
+        # rounds of --train-round-s of event time (catch-up skips to the last complete window: the producer
+        # outruns training); ids are kept 2 windows (the dedupe state drops the older ones during the run)
+        opts = StreamOptions(out=out, events_topic=live, models_topic=f"{topic}-models-b",
+                             first_round_epochs=args.ingest_epochs,
                              round_epochs=args.ingest_epochs, min_train_labels=1, min_train_classes=2,
                              full_checkpoint_every=args.full_every,
-                             **{**common, "round_interval_s": args.train_round_s, "catch_up": "windows",
+                             **{**common, "round_interval_s": args.train_round_s,
                                 "dedupe_retention_s": 2 * args.train_round_s})
-        summary, rows, samples = _sampled_stream(opts, cfg)
+        try:
+            summary, rows, samples = _sampled_stream(opts, cfg, started=go)
+        finally:
+            produced = json.loads(child.stdout.readline() or "{}")
+            child.wait(timeout=60)
+    emit({"phase": "ingest", "what": "live producer done", **produced})
     for r in rows:
         emit({"phase": "memory", "what": "round", **{k: r.get(k) for k in (
-            "round", "events", "nodes", "edges", "rss_bytes", "graph_bytes", "dedupe_ids", "compiles",
+            "round", "events", "nodes", "edges", "rss_bytes", "graph_bytes", "dedupe_ids", "dedupe_bytes", "compiles",
             "bucket_growths", "capacity_nodes", "capacity_entries", "checkpoint_kind", "checkpoint_bytes",
-            "train_s", "apply_s", "round_s")},
+            "train_s", "apply_s", "round_s", "ingest_eps_during_training")},
             "checkpoint_bytes_per_event": r["checkpoint_bytes"] / max(r["events"], 1)})
     first, last = rows[0], rows[-1]
 
@@ -153,18 +180,75 @@ def bench_ingest(bootstrap: str, args, cfg) -> None:
     compiles = [r["compiles"] for r in rows]
     growth = np.diff([0] + [r.get("bucket_growths") or 0 for r in rows])
     emit({"phase": "ingest", "what": "training", "events": summary["counters"]["ingested"],
-          **_rates(samples, total), "rounds": len(rows), "trained_rounds": sum("train_s" in r for r in rows),
+          "offered_eps": produced.get("eps"), **_rates(samples, total), "rounds": len(rows), "trained_rounds": sum("train_s" in r for r in rows),
           "train_s_total": float(sum(r.get("train_s") or 0 for r in rows)), "load_avg_1m": os.getloadavg()[0]})
     emit({"phase": "memory", "what": "summary", "events": summary["counters"]["ingested"],
           "nodes": last["nodes"], "edges": last["edges"], "start": per(first), "end": per(last),
           "rss_start": first["rss_bytes"], "rss_end": last["rss_bytes"], "rss_max": max(r["rss_bytes"] for r in rows),
           "dedupe_ids_max": max(r["dedupe_ids"] for r in rows), "dedupe_ids_end": last["dedupe_ids"],
-          "dedupe_bytes_max": 16 * max(r["dedupe_ids"] for r in rows),
+          "dedupe_bytes_max": max(r.get("dedupe_bytes", 16 * r["dedupe_ids"]) for r in rows),
           "checkpoint_bytes_per_event_delta": {"min": float(ratio.min()), "median": float(np.median(ratio)),
                                                "max": float(ratio.max())} if ratio.size else None,
           "compiles_total": int(sum(compiles)), "bucket_growths": int(growth.sum()),
           "rounds_compiling_without_growth": int(sum(1 for c, g in zip(compiles, growth) if c and not g)),
           "load_avg_1m": os.getloadavg()[0]})
+
+
+def _ingest_argv(args) -> list[str]:
+    return ["--ingest-nodes", str(args.ingest_nodes), "--ingest-slices", str(args.ingest_slices),
+            "--ingest-degree", str(args.ingest_degree), "--ingest-features", str(args.ingest_features),
+            "--topic-partitions", str(args.topic_partitions), "--batch-size", str(args.batch_size),
+            "--compression", args.compression, "--live-eps", str(args.live_eps),
+            "--live-tail-s", str(args.live_tail_s)]
+
+
+def produce_child(args) -> int:
+    """The live producer (its own process, as a real one is): encode every message first, print a JSON line,
+    wait for a line on stdin, then send paced at --live-eps events/s; print a JSON line of what was sent."""
+    import numpy as np
+    import pyarrow as pa
+
+    from pipelines.continuous import kafka_io
+    from pipelines.continuous.replay import Slice, dataset_slices, slice_messages
+    from pipelines.data.synthetic import planted_partition
+    from schemas.events import events_batch
+
+    graph = planted_partition(num_nodes=args.ingest_nodes, num_classes=7, avg_degree=args.ingest_degree,
+                              feature_dim=args.ingest_features, seed=0)
+    start_ms = 1_700_000_000_000
+    kafka_io.ensure_topics(args.bootstrap, {args.produce_child: args.topic_partitions})
+    parts = kafka_io.topic_partitions(args.bootstrap, args.produce_child)
+    comp = None if args.compression == "none" else args.compression
+    msgs = [m for sl in dataset_slices(graph, args.ingest_slices, start_ms, 1000)
+            for m in slice_messages(sl, parts, args.batch_size, comp)]
+    rng = np.random.default_rng(1)
+    n_tail = int(args.live_tail_s)  # a slice per second of event time: feature updates of random vertices
+    per = int(args.live_eps) if args.live_eps > 0 else 1_000_000
+    for k in range(n_tail):  # (one slice's table at a time: the encoded messages are what is kept)
+        s = args.ingest_slices + k
+        v = rng.integers(0, graph.num_nodes, per)
+        t = events_batch([f"u/{s}/{i}" for i in range(per)], start_ms + s * 1000 + (np.arange(per) * 1000) // per,
+                         "update_features", v, features=rng.standard_normal((per, graph.feature_dim), np.float32))
+        msgs += slice_messages(Slice(s, start_ms + s * 1000, pa.Table.from_batches([t])), parts, args.batch_size,
+                               comp)
+    del graph
+    total = sum(m[2] for m in msgs)
+    print(json.dumps({"events": total, "messages": len(msgs), "tail_s": n_tail, "paced_eps": args.live_eps,
+                      "compression": args.compression}), flush=True)
+    sys.stdin.readline()
+    producer = kafka_io.producer(args.bootstrap)
+    t0 = time.perf_counter()
+    sent = 0
+    for p, value, rows in msgs:
+        producer.send(args.produce_child, value=value, partition=p)
+        sent += rows
+        if args.live_eps > 0:
+            time.sleep(max(0.0, t0 + sent / args.live_eps - time.perf_counter()))
+    producer.flush()
+    dt = time.perf_counter() - t0
+    producer.close()
+    print(json.dumps({"events": sent, "seconds": dt, "eps": sent / dt}), flush=True)
+    return 0
 
 
 def bench_not_training(args, cfg, common: dict, topic: str, total: int) -> None:
@@ -338,6 +422,11 @@ def main(argv=None) -> int:
     p.add_argument("--ingest-epochs", type=int, default=2, help="epochs per round while the backlog is read")
     p.add_argument("--full-every", type=int, default=10, help="a full checkpoint every N")
     p.add_argument("--train-round-s", type=float, default=4.0, help="(ingest while training) event time per round")
+    p.add_argument("--live-eps", type=float, default=1e6, help="(ingest while training) events/s the producer "
+                   "offers (0: as fast as it can)")
+    p.add_argument("--live-tail-s", type=float, default=5.0, help="(ingest while training) seconds of feature "
+                   "updates sent after the graph")
+    p.add_argument("--produce-child", metavar="TOPIC", help=argparse.SUPPRESS)
     p.add_argument("--lag-dataset", default="cora")
     p.add_argument("--lag-slices", type=int, default=120)
     p.add_argument("--lag-slice-s", type=float, default=0.25)
@@ -350,6 +439,8 @@ def main(argv=None) -> int:
     p.add_argument("--skip-lag", action="store_true")
     p.add_argument("--skip-not-training", action="store_true", help="(ingest) only the stream that trains")
     args = p.parse_args(argv)
+    if args.produce_child:
+        return produce_child(args)
 
     from pipelines.config import TrainConfig, parse_staleness
 

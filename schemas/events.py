@@ -260,14 +260,22 @@ def decode_events(data: Any) -> pa.RecordBatch:
 
 def op_codes(batch: pa.RecordBatch | pa.Table) -> np.ndarray:
     """int8 per event: its op's :data:`OP_RANK` (-1 for an unknown op), without a Python loop per event."""
-    idx = pc.index_in(batch.column("op"), value_set=_OP_VALUES)
-    return np.asarray(pc.fill_null(idx, -1)).astype(np.int8)
+    return _filled(pc.index_in(batch.column("op"), value_set=_OP_VALUES), -1).astype(np.int8)
 
 
 def split_codes(batch: pa.RecordBatch | pa.Table) -> np.ndarray:
     """int8 per event: the index of its split in :data:`SPLITS` (null = ``none`` = 0; -1 for an unknown one)."""
-    idx = pc.index_in(pc.fill_null(batch.column("split"), "none"), value_set=_SPLIT_VALUES)
-    return np.asarray(pc.fill_null(idx, -1)).astype(np.int8)
+    col = batch.column("split")
+    # nulls looked up as nulls (no filled copy of the strings), then told from unknown splits by validity
+    codes = _filled(pc.index_in(col, value_set=_SPLIT_VALUES, skip_nulls=True), -1).astype(np.int8)
+    if col.null_count:
+        codes[_filled(col.is_null(), True)] = 0
+    return codes
+
+
+def _filled(arr, value) -> np.ndarray:
+    """The array as numpy, its nulls as `value` (no fill_null pass when it has none)."""
+    return np.asarray(arr if arr.null_count == 0 else pc.fill_null(arr, value))
 
 
 def validate_rows(batch: pa.RecordBatch, feature_dim: int | None = None,
@@ -302,14 +310,14 @@ def validate_batch(batch: pa.RecordBatch, feature_dim: int | None = None,
 
     code = op_codes(batch)
     ids = batch.column("event_id")
-    flag(np.asarray(pc.fill_null(pc.equal(pc.binary_length(ids), 0), True)), "empty event_id")
+    flag(_filled(pc.equal(pc.binary_length(ids), 0), True), "empty event_id")
     flag(code < 0, lambda i: f"unknown op {op_at(i)!r}")
     vertex = np.asarray(batch.column("vertex"))
     flag(vertex < 0, lambda i: f"negative vertex id {vertex[i]}")
     edge = (code == OP_RANK[EventOp.ADD_EDGE.value]) | (code == OP_RANK[EventOp.REMOVE_EDGE.value])
     dst_col = batch.column("dst")
     dst_null = np.asarray(dst_col.is_null())
-    dst = np.asarray(pc.fill_null(dst_col, -1))
+    dst = _filled(dst_col, -1)
     flag(edge & dst_null, "edge event without dst")
     flag(edge & ~dst_null & (dst < 0), lambda i: f"negative vertex id {dst[i]}")
     flag(edge & (dst == vertex), lambda i: f"self-loop {vertex[i]}-{dst[i]} (self-loops are not stored)")
@@ -318,7 +326,7 @@ def validate_batch(batch: pa.RecordBatch, feature_dim: int | None = None,
     fnull = np.asarray(fcol.is_null())
     if feat.any():
         flag(feat & fnull, lambda i: f"{op_at(i)} without features")
-        lengths = np.asarray(pc.fill_null(pc.list_value_length(fcol), 0))
+        lengths = _filled(pc.list_value_length(fcol), 0)
         if feature_dim is not None:
             flag(feat & ~fnull & (lengths != feature_dim),
                  lambda i: f"feature row has {lengths[i]} values, expected {feature_dim}")
@@ -338,7 +346,7 @@ def validate_batch(batch: pa.RecordBatch, feature_dim: int | None = None,
     if lab.any():
         lcol = batch.column("label")
         lnull = np.asarray(lcol.is_null())
-        label = np.asarray(pc.fill_null(lcol, -1))
+        label = _filled(lcol, -1)
         flag(lab & lnull, "set_label without label")
         hi = num_classes if num_classes is not None else np.iinfo(np.int32).max
         flag(lab & ~lnull & ((label < -1) | (label >= hi)),

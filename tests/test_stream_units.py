@@ -289,6 +289,15 @@ def test_id_hashes_separate_near_ids():
     assert np.unique(h1).size == len(ids) and np.unique(h2).size == len(ids)
     s1, _ = id_hashes(ids.slice(3, 4))  # a slice hashes as its values
     assert np.array_equal(s1, h1[3:7])
+    # an id's hashes do not depend on the longest id of its batch (they did: a repeat sent in a batch of other
+    # lengths was taken again)
+    for i in (0, 2, 5, 7):
+        a1, a2 = id_hashes(ids.slice(i, 1))
+        assert a1[0] == h1[i] and a2[0] == h2[i]
+    d = Dedupe(window_ms=1000, retention_ms=2000)
+    d.take(pa.array(["cora/v/7", "cora/e/1-2"]), np.zeros(2, np.int64))
+    new, _ = d.take(pa.array(["cora/v/7", "cora/e/123456-234567"]), np.zeros(2, np.int64))
+    assert new.tolist() == [False, True]
 
 
 # ------------------------------------------------------------------------------------------------ checkpoint

@@ -81,24 +81,32 @@ def dataset_slices(graph: Graph, slices: int, start_ms: int, slice_ms: int, seed
     return out
 
 
-def send_slice(producer, topic: str, sl: Slice, topic_partitions: list[int], batch_size: int = 1000,
-               compression: str | None = None) -> int:
-    """Send one slice: events grouped by topic partition (vertex id modulo the partition count), at most
-    `batch_size` events per message (Arrow IPC buffers compressed with `compression`: None, lz4 or zstd).
-    Returns the number of messages sent."""
+def slice_messages(sl: Slice, topic_partitions: list[int], batch_size: int = 1000,
+                   compression: str | None = None) -> list[tuple[int, bytes, int]]:
+    """The messages of one slice as (topic partition, value, events): events grouped by topic partition
+    (vertex id modulo the partition count), at most `batch_size` events per message (Arrow IPC buffers
+    compressed with `compression`: None, lz4 or zstd)."""
     t = sl.events
     if t.num_rows == 0:
-        return 0
+        return []
     vertex = t.column("vertex").to_numpy()
     target = vertex % len(topic_partitions)
-    sent = 0
+    out = []
     for i, p in enumerate(topic_partitions):
         idx = np.flatnonzero(target == i)
         for j in range(0, idx.size, batch_size):
             chunk = t.take(pa.array(idx[j:j + batch_size])).combine_chunks()
-            producer.send(topic, value=encode_events(chunk, compression), partition=p)
-            sent += 1
-    return sent
+            out.append((p, encode_events(chunk, compression), chunk.num_rows))
+    return out
+
+
+def send_slice(producer, topic: str, sl: Slice, topic_partitions: list[int], batch_size: int = 1000,
+               compression: str | None = None) -> int:
+    """Send one slice (see :func:`slice_messages`). Returns the number of messages sent."""
+    msgs = slice_messages(sl, topic_partitions, batch_size, compression)
+    for p, value, _ in msgs:
+        producer.send(topic, value=value, partition=p)
+    return len(msgs)
 
 
 def replay(graph: Graph, bootstrap: str, topic: str, slices: int = 10, slice_s: float = 60.0,

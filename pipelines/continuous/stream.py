@@ -190,6 +190,7 @@ class Stream(IngestMixin, PersistMixin):
         self._unpredicted: list[np.ndarray] = []   # times of applied input changes no prediction covers yet
         self._touched: list[np.ndarray] = []       # slots whose inputs changed since the last predictions
         self._refresh_predictions = False
+        self._sizes_seen: list[tuple[float, int, int]] = []  # (monotonic time, vertices, entries) before the trainer
 
     # ------------------------------------------------------------------------------------------- lifecycle
     def stop(self) -> None:
@@ -330,6 +331,7 @@ class Stream(IngestMixin, PersistMixin):
         ids_applied, outcome, times, code = self._apply(taken)
         t_applied = time.monotonic()
         graph, ids = self.graph.materialize(self.opts.name, self.num_classes or 2)
+        self._observe(graph.num_nodes, graph.adj.nnz + graph.num_nodes)  # (A + I's entries)
         with self.lock:
             ingested0 = self.counters["ingested"]
         part = self.graph.partition_stats()
@@ -360,6 +362,7 @@ class Stream(IngestMixin, PersistMixin):
             row.update({f"{k_}_total": v for k_, v in self.counters.items()})
             row["pending"] = self.pending_rows
             row["dedupe_ids"] = self.dedupe.size
+            row["dedupe_bytes"] = self.dedupe.nbytes
         row.update({"compiles": compile_count() - c0, "precompiles": precompile_count() - pc0, "graph_bytes": self.graph.nbytes(), "rss_bytes": rss_bytes()})
         if self.trainer is not None and self.trainer.shape is not None:
             row.update({"capacity_nodes": self.trainer.shape[0], "capacity_entries": self.trainer.shape[1],
@@ -453,9 +456,20 @@ class Stream(IngestMixin, PersistMixin):
     def _round_trainer(self):
         from pipelines.continuous.trainer import RoundTrainer
 
-        if self.trainer is None:
+        if self.trainer is None:  # (made once the config is final: feature_norm "auto" is resolved by then)
             self.trainer = RoundTrainer(self.cfg)
+            for at, n, e in self._sizes_seen:
+                self.trainer.observe(n, e, at)
         return self.trainer
+
+    def _observe(self, vertices: int, entries: int) -> None:
+        """Every round's graph size, for the trainer's growth rate (kept here until the trainer exists)."""
+        from pipelines.continuous.trainer import RATE_WINDOW
+
+        if self.trainer is not None:
+            self.trainer.observe(vertices, entries)
+        else:
+            self._sizes_seen = (self._sizes_seen + [(time.monotonic(), vertices, entries)])[-RATE_WINDOW:]
 
     def _changed_rows(self, graph) -> np.ndarray:
         """The rows (materialized order) within k hops of a vertex whose inputs changed since the last

@@ -117,7 +117,7 @@ class RoundTrainer:
             self._build(graph)
         x, a = model_inputs(self.cfg, graph)
         n = graph.num_nodes
-        self._sizes = (self._sizes + [(time.monotonic(), n, a.nnz)])[-RATE_WINDOW:]
+        self.observe(n, a.nnz)
         shape = self._shape_for((n, a.nnz))
         if shape != self.shape:
             self.growths += 1
@@ -139,6 +139,14 @@ class RoundTrainer:
         if self.precompile:
             self._maybe_precompile(a, x.shape[1], (n, a.nnz))
         return DeviceGraph(adj, jnp.asarray(xp), jnp.asarray(labels), masks)
+
+    def observe(self, vertices: int, entries: int, at: float | None = None) -> None:
+        """Record the graph's size (vertices, adjacency entries with self-loops) for the growth rate that
+        buckets are planned from; the stream calls it every round, also for rounds that do not train, so that
+        the first bucket already has room for the growth seen before it."""
+        if not self._sizes or self._sizes[-1][1:] != (vertices, entries):
+            at = time.monotonic() if at is None else at
+            self._sizes = (self._sizes + [(at, vertices, entries)])[-RATE_WINDOW:]
 
     def _rate(self) -> tuple[float, float]:
         """Growth per second (vertices, entries) over the recent rounds (0 before two of them)."""
