@@ -152,6 +152,16 @@ class LocalLauncher:
                 pass
         return {r: p.poll() for r, p in self.procs.items()}
 
+    def dump_stacks(self, settle_s: float = 1.0) -> None:
+        """Ask every running role for its threads' stacks (SIGUSR1, `pipelines.roles`): they land in its log."""
+        for p in self.procs.values():
+            if p.poll() is None:
+                try:
+                    p.send_signal(signal.SIGUSR1)
+                except OSError:
+                    pass
+        time.sleep(settle_s)
+
     def terminate(self, grace_s: float = 10.0) -> None:
         for p in self.procs.values():
             if p.poll() is None:
@@ -174,11 +184,14 @@ def _exit_text(rc: int) -> str:
     return f"exited with code {rc}"
 
 
-def _last_line(path: Path) -> str:
+def _last_line(path: Path, skip_stacks: bool = False) -> str:
+    """A role log's last line (its last incarnation's); skip_stacks: the last one before a stack dump."""
     try:
         lines = [ln for ln in path.read_text(errors="replace").splitlines() if ln.strip()]
     except OSError:
         return "no log"
+    if skip_stacks:  # faulthandler's lines
+        lines = [ln for ln in lines if not ln.startswith(("Thread 0x", "Current thread 0x", "  File "))]
     return lines[-1][:300] if lines and not lines[-1].startswith("==== ") else "no output"
 
 
@@ -380,13 +393,22 @@ class KafkaRun:
                 break  # a resume with nothing left to train
             self._check()
             if time.monotonic() - last_progress > stall_timeout:
-                raise EngineError(f"no progress for {stall_timeout:.0f}s (epoch {d.next_epoch}); are the roles "
-                                  f"running? (run id {self.info['topic_run_id']})")
+                raise EngineError(self._stall_text(stall_timeout))
             before = (d.progress_marker, len(self.versions))
             self._pump(0.05)
             if (d.progress_marker, len(self.versions)) != before:
                 last_progress = time.monotonic()
             d.complete(self.versions)
+
+    def _stall_text(self, stall_timeout: float) -> str:
+        """The stall error: with local roles, each one's last log line (their thread stacks go to the logs)."""
+        text = f"no progress for {stall_timeout:.0f}s (epoch {self.driver.next_epoch}); "
+        if self.launcher is None:
+            return text + f"are the roles running? (run id {self.info['topic_run_id']})"
+        self.launcher.dump_stacks()
+        last = "; ".join(f"{r}: {_last_line(self.launcher.log_dir / f'{r}.log', skip_stacks=True)}"
+                         for r in self.launcher.procs)
+        return text + f"the roles' last words: {last} (thread stacks in {self.launcher.log_dir})"
 
     def _shutdown(self) -> None:
         """Tensor workers first (nothing needs them now), then the parameter server and the graph servers, each

@@ -26,9 +26,11 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import faulthandler
 import json
 import os
 import re
+import signal
 import sys
 import threading
 import time
@@ -186,6 +188,8 @@ def _run_role(args, role: str, partition: int, body) -> int:
     from pipelines.transports.kafka_security import describe
 
     t = None
+    # SIGUSR1 writes every thread's stack to this role's log: the driver asks for them when the run stalls
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     try:
         cfg, graph, t = _setup(args, role)
         say(role, f"connected to {args.bootstrap or cfg.bootstrap} ({describe(t.security)}), topics "

@@ -12,7 +12,7 @@ import pytest
 
 pytest.importorskip("kafka")
 
-from tests.support.kafka_runs import EPOCHS, metrics_rows, train_argv, wait_rows  # noqa: E402
+from tests.support.kafka_runs import EPOCHS, logs_tail, metrics_rows, train_argv, wait_rows  # noqa: E402
 
 pytestmark = pytest.mark.kafka
 
@@ -46,7 +46,7 @@ def test_a_killed_graph_server_is_resumed_from_checkpoints(kafka_bootstrap, data
 
     res = subprocess.run([sys.executable, "-m", "pipelines.cli", "train", "--resume", str(out), "--quiet"],
                          capture_output=True, text=True, timeout=600)
-    assert res.returncode == 0, res.stderr[-3000:]
+    assert res.returncode == 0, res.stderr[-3000:] + "\n" + logs_tail(out)
     s = json.loads((out / "summary.json").read_text())
     assert s["status"] == "complete" and s["epochs"] == EPOCHS and s["incarnation"] == 1
     assert 1 <= s["resumed_from_epoch"] < EPOCHS

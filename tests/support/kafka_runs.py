@@ -27,6 +27,14 @@ def metrics_rows(out) -> list[dict]:
     return [json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()] if path.exists() else []
 
 
+def logs_tail(out, lines: int = 40) -> str:
+    """The last lines of every role's log of the run in ``out`` (for a failing assertion's message)."""
+    parts = []
+    for log in sorted((out / "logs").glob("*.log")):
+        parts.append(f"--- {log.name}\n" + "\n".join(log.read_text(errors="replace").splitlines()[-lines:]))
+    return "\n".join(parts)
+
+
 def wait_rows(out, n, proc, timeout=480) -> None:
     """Wait until the run in ``proc`` has written ``n`` epochs (it must stay alive and make progress)."""
     deadline = time.monotonic() + timeout
