@@ -9,7 +9,7 @@ from pipelines.data.registry import load_dataset
 from pipelines.engine import graph_server
 from pipelines.engine import messages as M
 from pipelines.engine.messages import EngineError, Message
-from pipelines.engine.partition import build_plan
+from pipelines.engine.partition import _chunks, _ladder, build_plan
 from pipelines.engine.runner import build_engine, train_engine
 from pipelines.train import train
 from schemas.tasks import TaskKind
@@ -19,6 +19,26 @@ from schemas.tasks import TaskKind
 @pytest.fixture(scope="session")
 def cora(data_dir):
     return load_dataset("cora", data_dir)
+
+
+
+def test_intervals_split_rows_by_entries_plus_rows():
+    # even rows: the old equal-row split, to the row
+    assert _chunks(np.arange(11) * 3, 3) == [(0, 3), (3, 7), (7, 10)]
+    # one hub row of 1000 entries among 99 rows of 1: the hub alone, then the light rows in about equal cost
+    indptr = np.concatenate([[0], np.cumsum([1000] + [1] * 99)])
+    ch = _chunks(indptr, 4)
+    assert ch[0] == (0, 1) and ch[-1][1] == 100 and all(e > s for s, e in ch)
+    assert all(ch[k][1] == ch[k + 1][0] for k in range(3))
+    # more intervals than the cost asks for still gives each one row
+    assert _chunks(np.array([0, 100, 101, 102]), 3) == [(0, 1), (1, 2), (2, 3)]
+
+
+def test_a_far_lighter_partition_is_not_padded_to_the_heaviest():
+    assert _ladder([100, 98, 60, 51]) == [100, 100, 100, 100]      # within 2x: one shape
+    pads = _ladder([3_825_967, 560_000, 70_000, 69_800])          # R-MAT 2^20, METIS P=4: the hubs in one part
+    assert pads[0] == 3_825_967 and len(set(pads)) == 3
+    assert all(z <= p < 2 * z for p, z in zip(pads, [3_825_967, 560_000, 70_000, 69_800]))
 
 
 @pytest.mark.parametrize("method", ["metis", "hash"])
