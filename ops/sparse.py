@@ -123,7 +123,10 @@ class Adjacency:
                    order, rg, cg, shape=(rp, cp))
 
     def to_device(self) -> "Adjacency":
-        return jax.tree_util.tree_map(jnp.asarray, self)
+        """The block as device arrays. On the CPU backend they alias the host arrays (no second copy of the
+        adjacency: `jnp.asarray` copies, `device_put(may_alias=True)` does not); elsewhere they are copies."""
+        return jax.tree_util.tree_map(
+            lambda a: jax.device_put(a, may_alias=True) if isinstance(a, np.ndarray) else jnp.asarray(a), self)
 
 
 def _row_ids(indptr: np.ndarray) -> np.ndarray:

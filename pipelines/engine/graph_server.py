@@ -391,6 +391,7 @@ class GraphServer:
                 return None
             tot[self.plan.send[q]] += rows  # send[q] has no repeats: a plain fancy add is np.add.at's result
         self.bwd_total[(ps, name)][e] = tot
+        self.bwd_sum[(ps, name)].pop(e)  # its owned rows are in tot, its ghost rows went out in _col_grad
         return tot
 
     def _col_grad(self, i: int, e: int, ps: int, name: str, g: np.ndarray) -> None:
@@ -647,17 +648,19 @@ class GraphServer:
         self._gc()
 
     def _gc(self) -> None:
-        low = min(self.epoch) - self.staleness - 1
-        for stores in (self.fwd, self.bwd_sum, self.bwd_total, self.ghost_pred, self.ghost_ema):
+        """Drop what no interval reads again. Every interval has finished epoch min(epoch) - 1, and epoch e reads
+        stores of epochs >= e - S (PREDICT also e - S - 1): the whole-partition stores of one epoch more would
+        be a third of a graph server's memory at S=0. A ghost average of epoch t is built from that of t - 1,
+        which is kept until epoch t's has been built."""
+        low = min(self.epoch) - self.staleness - (1 if self.mode is StalenessMode.PREDICT else 0)
+        for stores in (self.fwd, self.bwd_sum, self.bwd_total, self.bwd_remote, self.fwd_done):
             for st in stores.values():
                 for e in [e for e in st if e < low]:
                     del st[e]
-        for st in self.bwd_remote.values():
-            for e in [e for e in st if e < low]:
-                del st[e]
-        for d in self.fwd_done.values():
-            for e in [e for e in d if e < low]:
-                del d[e]
+        for stores in (self.ghost_pred, self.ghost_ema):
+            for st in stores.values():
+                for e in [e for e in st if e < low - 1]:
+                    del st[e]
 
     # ------------------------------------------------------------------------------------------------ loop
     def handle(self, msg: Message) -> None:
