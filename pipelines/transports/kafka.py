@@ -87,6 +87,9 @@ DEDUPED_KINDS = (Channel.TENSOR_TASKS,)
 DEFAULT_MAX_MESSAGE_BYTES = 64 * 2**20
 DEFAULT_BROKER_TIMEOUT_S = 120.0
 REQUEST_TIMEOUT_MS = 30000
+#: the clients refresh topic metadata at least this often (kafka-python's default, 300 s, is as long as the
+#: driver's stall timeout: a client left with stale metadata of a run's fresh topics would sit it out)
+METADATA_MAX_AGE_MS = 10000
 REPLICATED_MIN_BROKERS = 3            # clusters this large get replicated run topics
 REPLICATION_FACTOR = 3
 MIN_INSYNC_REPLICAS = 2
@@ -266,6 +269,7 @@ class KafkaTransport(Transport):
             retries=float("inf"), max_in_flight_requests_per_connection=5, linger_ms=0,
             batch_size=256 * 2**10, max_request_size=self.max_message_bytes + RECORD_OVERHEAD,
             request_timeout_ms=REQUEST_TIMEOUT_MS, delivery_timeout_ms=int(delivery_timeout_s * 1000),
+            metadata_max_age_ms=METADATA_MAX_AGE_MS,
             max_block_ms=int(delivery_timeout_s * 1000), reconnect_backoff_max_ms=1000,
             bootstrap_timeout_ms=int(connect_timeout_s * 1000), **self.security)
 
@@ -447,7 +451,7 @@ class KafkaTransport(Transport):
             fetch_max_bytes=self.max_message_bytes + 2**20,
             receive_message_max_bytes=2 * self.max_message_bytes + 2**20,
             request_timeout_ms=30000, reconnect_backoff_max_ms=1000, session_timeout_ms=30000,
-            heartbeat_interval_ms=3000, max_poll_interval_ms=600000,
+            heartbeat_interval_ms=3000, max_poll_interval_ms=600000, metadata_max_age_ms=METADATA_MAX_AGE_MS,
             bootstrap_timeout_ms=int(self.connect_timeout_s * 1000), **self.security)
 
     def _kind_of(self, topic: str) -> str:
