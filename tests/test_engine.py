@@ -156,7 +156,7 @@ def test_ghost_average_is_the_ema_of_the_stale_ghost_rows(cora, mode):
     cfg = TrainConfig(model="gcn", epochs=3, partitions=2, intervals=2, staleness=1, staleness_mode=mode).resolved()
     gs = build_engine(cfg, cora).servers[0]
     g, rng = graph_server.GHOST_EMA, np.random.default_rng(0)
-    vs = [rng.standard_normal((gs.x_cols.shape[0], 3)).astype(np.float32) for _ in range(3)]
+    vs = [rng.standard_normal((gs.n_cols, 3)).astype(np.float32) for _ in range(3)]
     for e, v in enumerate(vs):
         gs.fwd[(2, "h")][e] = v
     m = np.zeros_like(vs[0][gs.n_own:])

@@ -77,7 +77,7 @@ class GraphServer:
         self.straggler_k, self.straggler_min_s = straggler_k, straggler_min_s
         self.n_own = plan.num_owned
         colspace = plan.colspace
-        self.x_cols = np.ascontiguousarray(features[colspace])
+        self.n_cols = colspace.size
         self.labels = labels
         self.train_mask = train_mask
         self.producers = models.producers(model)
@@ -95,7 +95,17 @@ class GraphServer:
                     self.col_reads[(ps, name)] = st.index
                 else:
                     self.row_consumers[(ps, name)].append(st.index)
+        # The input features: over the column space where a stage gathers them (ghosts too), else the owned rows
+        # only. A GA over them alone runs once per interval (`_static_ga`); once every interval has run it, the
+        # columns are dropped (at 2^20 R-MAT vertices and P=4 they were 15 bytes per edge).
+        self._feature_col_stages = {st for (ps, _), st in self.col_reads.items() if ps == -1}
+        self.x_cols = np.ascontiguousarray(features[colspace if self._feature_col_stages else plan.owned])
+        self._features_at_rows = any(ps == -1 and where == "rows" for st in self.stages
+                                     for name, where in models.reads(st).items()
+                                     for ps in [self.producers[st.index][name]])
         self._static_blocks()
+        if not self._feature_col_stages:
+            self.x_cols = None  # the rows' copies in rows_static are all that is read
         self._static_cols: dict[int, jax.Array] = {}
         self._static_ga: dict[tuple[int, int], dict] = {}  # (interval, stage) -> outputs of a GA over features
         self._col_split = [(np.flatnonzero(iv.cols < self.n_own), np.flatnonzero(iv.cols >= self.n_own))
@@ -169,9 +179,11 @@ class GraphServer:
             lab[:n] = self.labels[iv.start:iv.end]
             msk = np.zeros(R, bool)
             msk[:n] = self.train_mask[iv.start:iv.end]
-            x = np.zeros((R, self.x_cols.shape[1]), np.float32)
-            x[:n] = self.x_cols[iv.start:iv.end]
-            self.rows_static.append({"labels": lab, "mask": msk, "x": x})
+            row = {"labels": lab, "mask": msk}
+            if self._features_at_rows:
+                row["x"] = np.zeros((R, self.x_cols.shape[1]), np.float32)
+                row["x"][:n] = self.x_cols[iv.start:iv.end]
+            self.rows_static.append(row)
 
     # ------------------------------------------------------------------------------------------------ helpers
     def version_for(self, e: int) -> int:
@@ -281,7 +293,7 @@ class GraphServer:
     def _ensure_store(self, ps: int, name: str, e: int, width: tuple) -> np.ndarray:
         st = self.fwd[(ps, name)]
         if e not in st:
-            st[e] = np.zeros((self.x_cols.shape[0], *width), np.float32)
+            st[e] = np.zeros((self.n_cols, *width), np.float32)
         return st[e]
 
     # ------------------------------------------------------------------------------------------------ forward
@@ -401,7 +413,7 @@ class GraphServer:
             return
         t0 = clock()
         parts = self.bwd_local[(ps, name)].pop(e)
-        total = np.zeros((self.x_cols.shape[0], *parts[0].shape[1:]), np.float32)
+        total = np.zeros((self.n_cols, *parts[0].shape[1:]), np.float32)
         for k in range(self.num_intervals):  # fixed order: results do not depend on timing
             iv = self.plan.intervals[k]
             total[iv.cols[: iv.num_cols]] += parts[k][: iv.num_cols]
@@ -591,6 +603,9 @@ class GraphServer:
                         # Â·X of the input features is the same every epoch (no dropout in GA): computed once.
                         self._static_ga[(i, s)] = out
                         self._static_cols.pop(i, None)  # its gathered feature columns are not read again
+                        if all((k, f) in self._static_ga for k in range(self.num_intervals)
+                               for f in self._feature_col_stages):
+                            self.x_cols = None  # no stage gathers the features again
                 t1 = clock()
                 self.busy_s[TaskKind.GA] += t1 - t0
                 self._span(TaskKind.GA, e, i, t0, t1)

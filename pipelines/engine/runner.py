@@ -54,8 +54,7 @@ class RunContext:
 
     model: object
     spec: ModelSpec
-    x: object
-    a: object
+    x: object      # the normalized features the graph servers copy their rows from (the adjacency is in `plan`)
     plan: object
     params: dict
     tx: object
@@ -72,7 +71,8 @@ def run_context(cfg: TrainConfig, graph: Graph) -> RunContext:
     params = model.init(jax.random.PRNGKey(cfg.seed))
     tx = make_optimizer(cfg.lr, cfg.weight_decay, model.decay_mask(params))
     param_stages = [s.name for s in model.stages if s.has_params]
-    return RunContext(model, spec, x, a, plan, params, tx, param_stages, int(graph.train_mask.sum()))
+    del a  # the plan holds its blocks: the normalized adjacency is not kept beside them
+    return RunContext(model, spec, x, plan, params, tx, param_stages, int(graph.train_mask.sum()))
 
 
 def build_param_server(cfg: TrainConfig, graph: Graph, transport, *, ctx: RunContext | None = None,
