@@ -100,9 +100,8 @@ class GraphServer:
         # columns are dropped (at 2^20 R-MAT vertices and P=4 they were 15 bytes per edge).
         self._feature_col_stages = {st for (ps, _), st in self.col_reads.items() if ps == -1}
         self.x_cols = np.ascontiguousarray(features[colspace if self._feature_col_stages else plan.owned])
-        self._features_at_rows = any(ps == -1 and where == "rows" for st in self.stages
-                                     for name, where in models.reads(st).items()
-                                     for ps in [self.producers[st.index][name]])
+        self._features_at_rows = any(where == "rows" and self.producers[st.index][name] == -1
+                                     for st in self.stages for name, where in models.reads(st).items())
         self._static_blocks()
         if not self._feature_col_stages:
             self.x_cols = None  # the rows' copies in rows_static are all that is read
