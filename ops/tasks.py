@@ -219,7 +219,9 @@ def run_tensor_task(model: models.Model, kind: str, stage_index: int, params: di
         arrays, n = pad_rows(arrays, int(meta["rows"]))
         out, grads, scalars = run_tensor_task(model, kind, stage_index, params, arrays,
                                               {k: v for k, v in meta.items() if k != "rows"})
-        return {k: v[:n] for k, v in out.items()}, grads, scalars
+        # sliced on the host: a device slice compiles once per distinct row count, and a growing graph (or
+        # intervals of unequal sizes) has many
+        return {k: np.asarray(v)[:n] for k, v in out.items()}, grads, scalars
     chain = task_stages(model, stage_index, meta)
     if len(chain) > 1:
         return _run_chain(model, kind, chain, params, arrays, meta)
