@@ -41,6 +41,27 @@ def test_a_far_lighter_partition_is_not_padded_to_the_heaviest():
     assert all(z <= p < 2 * z for p, z in zip(pads, [3_825_967, 560_000, 70_000, 69_800]))
 
 
+def test_bucketed_plans_of_a_slightly_larger_graph_keep_their_shapes(cora):
+    """build_plan(bucket=...) rounds every padded size up to a power of the bucket: a graph that grew a little (a
+    stream's next round) gets the same block shapes, so the engine's kernels do not compile again."""
+    a = gcn_normalize(cora.adj)
+    n = a.shape[0]
+    grown = sp.lil_matrix((n + 20, n + 20), dtype=np.float32)
+    grown[:n, :n] = cora.adj
+    for k in range(20):  # 20 new vertices, each tied to one old one
+        grown[n + k, k * 7] = grown[k * 7, n + k] = 1.0
+    b = gcn_normalize(sp.csr_matrix(grown))
+
+    def shapes(plan):
+        return {(iv.block.shape, iv.block.nnz) for pp in plan.partitions for iv in pp.intervals}
+
+    exact = build_plan(a, 2, 4, "hash")
+    p1, p2 = build_plan(a, 2, 4, "hash", bucket=1.25), build_plan(b, 2, 4, "hash", bucket=1.25)
+    assert shapes(p1) == shapes(p2)
+    assert shapes(build_plan(b, 2, 4, "hash")) != shapes(exact)
+    assert exact.rows_pad <= p1.rows_pad < 1.25 * exact.rows_pad and exact.nnz_pad <= p1.nnz_pad < 1.25 * exact.nnz_pad
+
+
 @pytest.mark.parametrize("method", ["metis", "hash"])
 def test_plan_blocks_reproduce_the_adjacency(cora, method):
     a = gcn_normalize(cora.adj)

@@ -27,18 +27,25 @@ class EpochDriver:
     """Completes epochs from the graph servers' reports (see the module doc).
 
     transport: where STOP_AFTER goes (control channel of each partition). history / stopper: earlier rows of a
-    resumed run (the stopper already replayed them). evaluate=False skips the accuracy pass. row_extras(row):
+    resumed run (the stopper already replayed them). evaluate=False skips the accuracy pass; a callable
+    (params -> row of train/val/test loss and accuracy) replaces it. row_extras(row):
     engine-specific columns appended to each row; on_best(epoch, params): called when an epoch is the best."""
 
     def __init__(self, cfg: TrainConfig, graph: Graph, transport: Transport, *, log=None, start: int = 0,
-                 history: list[dict] | None = None, stopper: EarlyStopping | None = None, evaluate: bool = True,
+                 history: list[dict] | None = None, stopper: EarlyStopping | None = None,
+                 evaluate: bool | Callable[[dict], dict] = True,
                  show_progress: bool = False, desc: str = "",
                  row_extras: Callable[[dict], dict] | None = None,
                  on_best: Callable[[int, dict], None] | None = None):
         self.cfg, self.transport, self.log = cfg, transport, log
         self.partitions = cfg.partitions
-        self.evaluator = Evaluator(ModelSpec.for_graph(cfg, graph).build()) if evaluate else None
-        self.device_graph = device_graph(cfg, graph) if evaluate else None
+        if callable(evaluate):
+            self.evaluate = evaluate
+        elif evaluate:
+            evaluator, dg = Evaluator(ModelSpec.for_graph(cfg, graph).build()), device_graph(cfg, graph)
+            self.evaluate = lambda params: evaluator.on(dg, params)
+        else:
+            self.evaluate = None
         self.stopper = stopper or EarlyStopping(cfg.patience)
         self.history = history if history is not None else []
         self.row_extras, self.on_best = row_extras, on_best
@@ -100,7 +107,7 @@ class EpochDriver:
         loss = sum(m.meta["loss_sum"] for m in parts) / max(sum(m.meta["count"] for m in parts), 1.0)
         params = versions[e + 1]
         now = time.perf_counter()
-        accs = self.evaluator.on(self.device_graph, params) if self.evaluator is not None else dict(NO_EVALUATION)
+        accs = self.evaluate(params) if self.evaluate is not None else dict(NO_EVALUATION)
         row = {"epoch": e, "loss": loss, **accs, "epoch_s": now - self.t_epoch,
                "max_staleness_observed": max(m.meta["max_staleness"] for m in parts),
                "relaunches": sum(m.meta["relaunches"] for m in parts)}

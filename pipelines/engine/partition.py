@@ -160,12 +160,23 @@ def _distinct(ids: np.ndarray, n: int) -> np.ndarray:
     return np.flatnonzero(mark)
 
 
+def bucket_size(n: int, factor: float, minimum: int = 16) -> int:
+    """The smallest minimum x factor^k that is >= n: sizes rounded up to a geometric grid, so shapes that grow
+    a little (a graph that grows between continuous-training rounds) keep the same padded size."""
+    size = max(int(minimum), 1)
+    while size < n:
+        size = int(np.ceil(size * factor))
+    return size
+
+
 def build_plan(a_norm: sp.csr_matrix, num_parts: int, num_intervals: int, method: str = "metis",
-               seed: int = 0) -> Plan:
+               seed: int = 0, bucket: float | None = None) -> Plan:
     """Partition a normalized adjacency (with self-loops) and cut each partition into padded intervals.
 
     Each interval's block holds the in-edges of its rows (GA forward); its transpose, kept inside the block,
-    serves ∇GA, whose per-column results go back to the columns' owners (∇SC).
+    serves ∇GA, whose per-column results go back to the columns' owners (∇SC). bucket (> 1, optional): every
+    padded size (rows, columns and entries of the blocks) is rounded up to a power of it (`bucket_size`), so a
+    plan of a slightly larger graph has the same shapes and the jitted kernels do not compile again.
     """
     if num_intervals < 1:
         raise ConfigError(f"intervals must be >= 1, got {num_intervals}")
@@ -202,6 +213,10 @@ def build_plan(a_norm: sp.csr_matrix, num_parts: int, num_intervals: int, method
     rows_pad = max(e - s for _, _, _, bl in raw for _, s, e, _, _ in bl)
     cols_pads = _ladder([max(u.size for _, _, _, u, _ in bl) for *_, bl in raw])
     nnz_pads = _ladder([max(b.nnz for *_, b in bl) for *_, bl in raw])
+    if bucket is not None:
+        rows_pad = bucket_size(rows_pad, bucket)
+        cols_pads = [bucket_size(c, bucket) for c in cols_pads]
+        nnz_pads = [bucket_size(z, bucket) for z in nnz_pads]
     cols_pad, nnz_pad = max(cols_pads), max(nnz_pads)
     plans = []
     for p, owned, ghosts, blocks in raw:

@@ -62,12 +62,12 @@ class RunContext:
     n_train: int
 
 
-def run_context(cfg: TrainConfig, graph: Graph) -> RunContext:
-    """The deterministic pieces every role of a run builds from (cfg, graph)."""
+def run_context(cfg: TrainConfig, graph: Graph, bucket: float | None = None) -> RunContext:
+    """The deterministic pieces every role of a run builds from (cfg, graph); bucket: `build_plan`'s."""
     spec = ModelSpec.for_graph(cfg, graph)
     model = spec.build()
     x, a = model_inputs(cfg, graph)
-    plan = build_plan(a, cfg.partitions, cfg.intervals, cfg.partitioner, cfg.seed)
+    plan = build_plan(a, cfg.partitions, cfg.intervals, cfg.partitioner, cfg.seed, bucket=bucket)
     params = model.init(jax.random.PRNGKey(cfg.seed))
     tx = make_optimizer(cfg.lr, cfg.weight_decay, model.decay_mask(params))
     param_stages = [s.name for s in model.stages if s.has_params]
@@ -125,12 +125,13 @@ def build_tensor_workers(cfg: TrainConfig, graph: Graph, transport, *,
 
 
 def build_engine(cfg: TrainConfig, graph: Graph, transport=None, epochs: int | None = None,
-                 init_params: dict | None = None, init_opt_state=None) -> Engine:
+                 init_params: dict | None = None, init_opt_state=None, bucket: float | None = None) -> Engine:
     """Every role of an in-process run on one transport (default: a new MemoryTransport), not yet started.
 
-    epochs: how many the roles run (default cfg.epochs); init_params / init_opt_state: a warm start."""
+    epochs: how many the roles run (default cfg.epochs); init_params / init_opt_state: a warm start; bucket:
+    the plan's shape buckets (`build_plan`)."""
     transport = transport or MemoryTransport()
-    ctx = run_context(cfg, graph)
+    ctx = run_context(cfg, graph, bucket=bucket)
     versions: dict = {}
     ps = build_param_server(cfg, graph, transport, ctx=ctx, epochs=epochs,
                             on_version=lambda v, w: versions.__setitem__(v, w))
@@ -171,17 +172,20 @@ def _raise_role_errors(engine: Engine) -> None:
 
 
 def train_engine(cfg: TrainConfig, graph: Graph, out: Path | None = None, show_progress: bool = False,
-                 transport=None, stall_timeout: float = 300.0, evaluate: bool = True,
-                 init_params: dict | None = None, init_opt_state=None) -> TrainResult:
+                 transport=None, stall_timeout: float = 300.0, evaluate=True,
+                 init_params: dict | None = None, init_opt_state=None, bucket: float | None = None) -> TrainResult:
     """Train with the separated, pipelined engine; same outputs as `pipelines.train.train` plus engine stats.
 
     cfg / graph: the run's settings and graph; out: the run directory (metrics.jsonl, timeline.jsonl,
     weights.npz, summary.json; None writes nothing); show_progress: a tqdm bar; transport: the channels
     (default: a fresh MemoryTransport); stall_timeout: seconds without any report before the run fails;
-    evaluate=False skips the driver's per-epoch accuracy pass (benchmarks time the pipeline alone);
-    init_params / init_opt_state (optional) warm-start from earlier weights and optimizer state."""
+    evaluate=False skips the driver's per-epoch accuracy pass (benchmarks time the pipeline alone), a callable
+    (params -> evaluation row) replaces it (continuous training evaluates on its own bucketed device graph);
+    init_params / init_opt_state (optional) warm-start from earlier weights and optimizer state; bucket: the
+    plan's shape buckets (`build_plan`)."""
     prices = load_prices(cfg.prices)
-    engine = build_engine(cfg, graph, transport, init_params=init_params, init_opt_state=init_opt_state)
+    engine = build_engine(cfg, graph, transport, init_params=init_params, init_opt_state=init_opt_state,
+                          bucket=bucket)
     meter = CostMeter(cfg, prices, engine.pool)
     metrics = engine.transport.consumer([(Channel.METRICS, 0)], group="driver")
     log = rundir.MetricsLog(out / "metrics.jsonl") if out is not None else None
