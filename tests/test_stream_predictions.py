@@ -106,3 +106,53 @@ def test_rounds_compile_per_bucket_and_predictions_equal_forward(kafka_bootstrap
     assert rc == 0, out.err
     newest = json.loads(out.out.strip().splitlines()[-1])
     assert newest["vertex"] == 20 and newest["model_version"] == 4
+
+
+def test_engine_rounds_keep_their_partitions_and_compile_per_bucket(kafka_bootstrap, tmp_path, fresh_compiles):
+    """On the pipelined engine: round 1 partitions and compiles; round 2 (two chords) fits the shape buckets,
+    round 3 (20 new vertices, placed by the ownership rule) outgrows one and compiles each kernel once, round 4 (a
+    feature update) compiles nothing; no vertex moves between partitions, and a restart keeps the ownership."""
+    topic = f"pred-engine-{uuid.uuid4().hex[:8]}"
+    kafka_io.ensure_topics(kafka_bootstrap, {topic: 1})
+    rng = np.random.default_rng(0)
+    n = 300
+    f = rng.normal(size=(n + 20, 4)).astype(np.float32)
+    split = ["train" if i % 4 == 0 else "val" if i % 4 == 1 else "test" for i in range(n)]
+    ring = np.arange(n)
+    new = np.arange(n, n + 20)
+    batches = [events_batch([f"v{i}" for i in ring], 1000, "add_vertex", ring, features=f[:n]),
+               events_batch([f"e{i}" for i in ring], 1100, "add_edge", ring, dst=(ring + 1) % n),
+               events_batch([f"l{i}" for i in ring], 1200, "set_label", ring, label=ring % 3, split=split),
+               events_batch(["c1", "c2"], 2100, "add_edge", [0, 10], dst=[5, 15]),
+               events_batch([f"v{i}" for i in new], 3000, "add_vertex", new, features=f[n:]),
+               events_batch([f"e{i}" for i in new], 3100, "add_edge", new, dst=new - n),
+               events_batch(["u20"], 4100, "update_features", [20], features=rng.normal(size=(1, 4)))]
+    p = kafka_io.producer(kafka_bootstrap)
+    for b in batches:
+        p.send(topic, value=encode_events(b), partition=0)
+    p.flush()
+    p.close()
+    cfg = TrainConfig(epochs=5, partitions=2, intervals=2, staleness=1).resolved()
+    opts = StreamOptions(bootstrap=kafka_bootstrap, events_topic=topic, out=str(tmp_path), round_interval_s=1.0,
+                         models_topic=f"{topic}-models", first_round_epochs=3, round_epochs=2, until_idle_s=1.5,
+                         num_classes=3, predict="none")
+    stream = Stream(opts, cfg)
+    owned = []
+    stream.on_round = lambda row: owned.append(stream.ownership.parts.copy())
+    s = stream.run()
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert s["status"] == "complete" and [r["engine"] for r in rows] == ["pipelined"] * 4, rows
+    assert [r["repartitioned"] for r in rows] == [True, False, False, False], rows
+    assert rows[0]["repartition_reason"] == "initial" and rows[-1]["repartitions"] == 1
+    # round 2 fits every bucket (its one stray compile at most: the parameter server's eager optimizer meets a
+    # warm-started state for the first time in this process), round 3 outgrows the vertex bucket (each kernel
+    # once), round 4 fits again
+    compiles = [(r["compiles"], r["bucket_growths"]) for r in rows]
+    assert rows[1]["compiles"] <= 1 and rows[3]["compiles"] == 0, compiles
+    assert [r["bucket_growths"] for r in rows] == [1, 1, 2, 2] and 0 < rows[2]["compiles"] <= 16, compiles
+    assert [o.size for o in owned] == [n, n, n + 20, n + 20]
+    assert all((o[:n] == owned[0]).all() for o in owned[1:]), "no vertex moves between partitions"
+    assert rows[-1]["partition_balance"] <= 1.1
+    # a restart continues from the checkpoint's ownership (a fresh process restores it, it does not re-partition)
+    back = Stream(opts, cfg)
+    assert back._resume() and (back.ownership.parts == owned[-1]).all()

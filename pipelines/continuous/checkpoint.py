@@ -60,10 +60,12 @@ def read_manifest(out: Path) -> dict | None:
 
 def save(out: Path, *, meta: dict, params: dict | None, opt_leaves: list | None, pending: pa.Table,
          keys: dict[str, np.ndarray], graph: dict | None = None, events: pa.Table | None = None,
-         kill_before_commit: bool = False, before_commit=None) -> dict:
+         owner: tuple[int, np.ndarray] | None = None, kill_before_commit: bool = False,
+         before_commit=None) -> dict:
     """Write one checkpoint: a base when `graph` is given (keys: every key held), else a delta of `events`
     (keys: those taken since the previous checkpoint). Returns what was written (file, kind, bytes).
 
+    owner: (first slot, partition of each slot from it) of the pipelined engine's ownership, when it has one.
     before_commit(info): called after the file is written, before the manifest commits it; kill_before_commit:
     SIGKILL this process right then (crash tests)."""
     d = Path(out) / DIR
@@ -87,6 +89,9 @@ def save(out: Path, *, meta: dict, params: dict | None, opt_leaves: list | None,
             arrays[f"graph/{k}"] = np.asarray(v)
     else:
         arrays["events"] = _events(events)
+    if owner is not None:
+        arrays["owner/start"] = np.asarray(owner[0], np.int64)
+        arrays["owner/parts"] = np.asarray(owner[1], np.int32)
     buf = io.BytesIO()
     np.savez(buf, **arrays)
     data = buf.getvalue()
@@ -106,7 +111,8 @@ def save(out: Path, *, meta: dict, params: dict | None, opt_leaves: list | None,
 
 def load(out: Path) -> dict | None:
     """The committed checkpoint in `out`, or None: meta, params, opt_leaves and pending (of the last file), the
-    base graph arrays, the deltas' events in order and the dedupe keys of every file in the chain."""
+    base graph arrays, the deltas' events in order, and the dedupe keys and ownership pieces (`owners`: first
+    slot, partitions) of every file in the chain."""
     man = read_manifest(out)
     if man is None:
         return None
@@ -114,12 +120,14 @@ def load(out: Path) -> dict | None:
     for f in d.glob("*.npz"):
         if f.name not in man["chain"]:
             f.unlink()  # written by a checkpoint that crashed before its commit
-    graph, deltas, keys = {}, [], []
+    graph, deltas, keys, owners = {}, [], [], []
     params, opt, pending = None, None, None
     for i, name in enumerate(man["chain"]):
         with np.load(d / name, allow_pickle=False) as z:
             files = list(z.files)
             keys.append({k.split("/", 1)[1]: z[k] for k in files if k.startswith("keys/")})
+            if "owner/parts" in files:
+                owners.append((int(z["owner/start"]), z["owner/parts"]))
             if i == 0:
                 graph = {k.split("/", 1)[1]: z[k] for k in files if k.startswith("graph/")}
             else:
@@ -133,7 +141,7 @@ def load(out: Path) -> dict | None:
                 opt = [z[k] for k in sorted(k for k in files if k.startswith("opt/"))]
                 pending = _from_ipc(z["pending"])
     return {"meta": man["meta"], "params": params or None, "opt_leaves": opt or None, "graph": graph,
-            "deltas": deltas, "keys": keys, "pending": pending, "chain": man["chain"]}
+            "deltas": deltas, "keys": keys, "pending": pending, "chain": man["chain"], "owners": owners}
 
 
 def clear(out: Path) -> None:

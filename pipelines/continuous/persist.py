@@ -52,6 +52,11 @@ class PersistMixin:
                     "events_topic": self.opts.events_topic, "interval_ms": self.interval_ms,
                     "dedupe_horizon": self.dedupe.horizon, "partitions": self.graph.num_partitions,
                     "config": self.cfg.to_dict(), "created": time.time()}
+            owner = None
+            if self.ownership is not None:
+                meta["ownership"] = {"base_cut": self.ownership.base_cut,
+                                     "repartitions": self.ownership.repartitions}
+                owner = self.ownership.checkpoint(full)
             keys = self.dedupe.snapshot() if full else self.dedupe.drain_log()
             if full:
                 self.dedupe.drain_log()
@@ -60,8 +65,10 @@ class PersistMixin:
         self._producer.flush(timeout=60)
         kill = (not full and self._kill_in_checkpoint is not None and self.round >= self._kill_in_checkpoint)
         info = ckpt.save(self.out, meta=meta, params=self.params, opt_leaves=self.opt_leaves, pending=pending,
-                         keys=keys, graph=self.graph.arrays() if full else None, events=events,
+                         keys=keys, graph=self.graph.arrays() if full else None, events=events, owner=owner,
                          kill_before_commit=kill, before_commit=before_commit)
+        if self.ownership is not None:
+            self.ownership.saved()
         with self.lock:
             self._saved = (meta["round"], {int(k): v for k, v in meta["positions"].items()})
         return info
@@ -87,6 +94,12 @@ class PersistMixin:
         self.params = state["params"]
         self.opt_leaves = state["opt_leaves"]
         self.graph = StreamGraph.from_arrays(state["graph"], self.cfg.partitions, self.feature_dim)
+        if "ownership" in meta:
+            from pipelines.continuous.ownership import Ownership
+
+            self.ownership = Ownership(self.cfg.partitions, self.cfg.partitioner, self.cfg.seed)
+            self.ownership.restore(state["owners"], meta["ownership"]["base_cut"],
+                                   meta["ownership"]["repartitions"])
         for events in state["deltas"]:  # the rounds since the base, re-applied (deterministic)
             self._apply(events, replay=True)
         for keys in state["keys"]:

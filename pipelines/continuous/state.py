@@ -7,7 +7,8 @@ events is applied with sorts and searches over arrays, never a Python step per e
 
 Ownership is a stable hash of the vertex id (it never changes as the graph grows, so no vertex moves between
 partitions when others arrive and the partitions stay balanced in expectation); :meth:`StreamGraph.partition_stats`
-reports the balance, the ghosts (remote neighbours) of each partition and the edge cut.
+reports the balance, the ghosts (remote neighbours) of each partition and the edge cut. (Rounds on the pipelined
+engine use :mod:`.ownership` instead: partitioned once by METIS, kept, and extended by neighbourhood.)
 
 Applying a batch (events sorted in (event time, op rank, id) order, as the stream applies them) keeps the
 semantics of applying them one by one: a vertex exists for the events after its ``add_vertex``; a second add of a

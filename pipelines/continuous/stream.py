@@ -10,8 +10,9 @@ One process, two threads:
   :mod:`.watermark`), it takes every pending event below that cut, applies them column-wise in event-time order
   to the graph (:class:`~pipelines.continuous.state.StreamGraph`), trains some epochs warm-started from the
   previous round's weights and optimizer state (the pipelined engine when the config asks for
-  partitions/intervals/staleness, else whole-graph rounds on capacity buckets, :mod:`.trainer`, compiling once
-  per bucket, the next bucket compiled ahead in the background), writes a model version into ``OUT/models/``
+  partitions/intervals/staleness, on partitions kept from round to round, :mod:`.ownership`, else whole-graph
+  rounds; both on capacity buckets, :mod:`.trainer`, compiling once per bucket, the next bucket compiled ahead in
+  the background for whole-graph rounds), writes a model version into ``OUT/models/``
   atomically, checkpoints (:mod:`.checkpoint`: a delta of the round's events, a full base every N), announces the
   version on the models topic. The predictions of the vertices whose k-hop neighbourhood changed go to the
   predictions topic (:mod:`.predictions`) twice: right after the apply, by the newest version on the new graph
@@ -175,6 +176,7 @@ class Stream(IngestMixin, PersistMixin):
         self.opt_leaves: list | None = None
         self._treedef = None
         self.trainer = None
+        self.ownership = None                    # the pipelined engine's partitions (`.ownership`), kept across rounds
         self.last_row: dict | None = None
         self._producer = None
         self._publisher = None
@@ -403,7 +405,7 @@ class Stream(IngestMixin, PersistMixin):
         t1 = time.monotonic()
         self.training = True
         try:
-            result, engine, dg = self._train(graph, epochs, seed=self.cfg.seed + k - 1, dg=dg)
+            result, engine, dg, part = self._train(graph, epochs, seed=self.cfg.seed + k - 1, dg=dg)
         finally:
             self.training = False
         train_s = time.monotonic() - t1
@@ -428,7 +430,7 @@ class Stream(IngestMixin, PersistMixin):
                     "loss": float(result.history[-1]["loss"]), "first_loss": float(result.history[0]["loss"]),
                     "ingest_during_training": ingested1 - ingested0,
                     "ingest_eps_during_training": (ingested1 - ingested0) / max(train_s, 1e-9),
-                    "version_time_ms": version_ms, **_stats("lag_s", lag)})
+                    "version_time_ms": version_ms, **_stats("lag_s", lag), **part})
         if self._publisher is not None:
             if rows is None:
                 rows = self._changed_rows(graph)
@@ -445,13 +447,23 @@ class Stream(IngestMixin, PersistMixin):
         cfg = dataclasses.replace(self.cfg, epochs=epochs, seed=seed, out=None)
         opt = self._unflatten_opt(graph) if self.opt_leaves is not None else None
         small = graph.num_nodes < 4 * cfg.partitions * cfg.intervals
-        if cfg.engine and not small:
-            from pipelines.engine.runner import train_engine
-
-            return train_engine(cfg, graph, init_params=self.params, init_opt_state=opt), "pipelined", None
         tr = self._round_trainer()
         dg = dg if dg is not None else tr.device_graph(graph)
-        return tr.train(graph, dg, epochs, seed, self.params, opt), "whole-graph", dg
+        if cfg.engine and not small:
+            from pipelines.continuous.ownership import Ownership
+            from pipelines.continuous.trainer import BUCKET
+            from pipelines.engine.runner import train_engine
+
+            # The stream's partitions, kept across rounds; the plan's shapes in the trainer's buckets and the
+            # evaluation on its bucketed device graph, so a round compiles only when a bucket is outgrown.
+            if self.ownership is None:
+                self.ownership = Ownership(cfg.partitions, cfg.partitioner, cfg.seed)
+            assignment, part = self.ownership.assignment(graph.adj, self.graph.order())
+            result = train_engine(dataclasses.replace(cfg, partitioner=assignment), graph,
+                                  init_params=self.params, init_opt_state=opt, bucket=BUCKET,
+                                  evaluate=lambda params: tr.evaluator.on(dg, params))
+            return result, "pipelined", dg, part
+        return tr.train(graph, dg, epochs, seed, self.params, opt), "whole-graph", dg, {}
 
     def _round_trainer(self):
         from pipelines.continuous.trainer import RoundTrainer
