@@ -22,7 +22,8 @@ from pipelines.engine.partition import PrecomputedAssignment, assign
 
 MAX_BALANCE = 1.10      # re-partition when the largest partition holds more than this x the mean
 MAX_CUT_GROWTH = 1.25   # ... or when the edge cut fraction grew past this x its value after the last partitioning
-CUT_SLACK = 0.02        # (absolute slack on that cut bound: on tiny graphs a few edges move the fraction a lot)
+CUT_SLACK = 0.05        # ... plus this share of all edges (a graph that fills in from a few edges, as a replayed one
+                        # does, starts from a cut near 0: without it every round re-partitioned)
 CHUNKS = 16             # new vertices are placed in this many chunks (at least MIN_CHUNK each)
 MIN_CHUNK = 256
 

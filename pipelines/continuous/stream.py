@@ -177,6 +177,7 @@ class Stream(IngestMixin, PersistMixin):
         self._treedef = None
         self.trainer = None
         self.ownership = None                    # the pipelined engine's partitions (`.ownership`), kept across rounds
+        self._engine_shapes: set = set()         # the engine's padded block sizes seen (each is a compile)
         self.last_row: dict | None = None
         self._producer = None
         self._publisher = None
@@ -368,7 +369,7 @@ class Stream(IngestMixin, PersistMixin):
         row.update({"compiles": compile_count() - c0, "precompiles": precompile_count() - pc0, "graph_bytes": self.graph.nbytes(), "rss_bytes": rss_bytes()})
         if self.trainer is not None and self.trainer.shape is not None:
             row.update({"capacity_nodes": self.trainer.shape[0], "capacity_entries": self.trainer.shape[1],
-                        "bucket_growths": self.trainer.growths})
+                        "bucket_growths": self.trainer.growths + len(self._engine_shapes)})
         self._journal(k, ids_applied, outcome)
 
         def log(ck: dict) -> None:  # the row goes out with the checkpoint's size, before the commit
@@ -462,6 +463,12 @@ class Stream(IngestMixin, PersistMixin):
             result = train_engine(dataclasses.replace(cfg, partitioner=assignment), graph,
                                   init_params=self.params, init_opt_state=opt, bucket=BUCKET,
                                   evaluate=lambda params: tr.evaluator.on(dg, params))
+            st = result.summary.get("partition_stats", {})
+            # the blocks' padded sizes (rows, columns and entries of each partition): the engine's kernels compile
+            # once per distinct one, as the whole-graph rounds do per capacity bucket
+            shape = (st.get("rows_pad"), tuple(st.get("cols_pads", ())), tuple(st.get("nnz_pads", ())))
+            self._engine_shapes.add(shape)
+            part["engine_shape"] = [shape[0], list(shape[1]), list(shape[2])]
             return result, "pipelined", dg, part
         return tr.train(graph, dg, epochs, seed, self.params, opt), "whole-graph", dg, {}
 

@@ -249,6 +249,7 @@ def build_plan(a_norm: sp.csr_matrix, num_parts: int, num_intervals: int, method
         "cols_pad": cols_pad,
         "nnz_pad": nnz_pad,
         "nnz_pads": nnz_pads,
+        "cols_pads": cols_pads,
         "padding_overhead": float(num_intervals * sum(nnz_pads) / a.nnz),
     }
     return Plan(parts, plans, rows_pad, cols_pad, nnz_pad, stats)
