@@ -101,3 +101,39 @@ def test_checkpoint_pieces_restore_the_same_ownership():
     assert (back.parts == own.parts).all() and back.base_cut == own.base_cut
     start, parts = back.checkpoint()
     assert start == n + 10 and parts.size == 0, "a restored ownership continues the chain"
+
+
+def test_ownership_pieces_round_trip_through_checkpoint_files_and_an_uncommitted_one(tmp_path):
+    import pytest
+
+    from pipelines.continuous import checkpoint as ckpt
+    from schemas.events import EVENT_SCHEMA
+
+    rng = np.random.default_rng(4)
+    n, src, dst = _communities(2, 50, rng)
+    own = Ownership(2, "metis", seed=0)
+
+    def save(full, owner, before_commit=None):
+        ckpt.save(tmp_path, meta={"round": 0}, params=None, opt_leaves=None, pending=EVENT_SCHEMA.empty_table(),
+                  keys={}, graph={"x": np.zeros(1)} if full else None,
+                  events=None if full else EVENT_SCHEMA.empty_table(), owner=owner, before_commit=before_commit)
+
+    own.assignment(_sym(n, src, dst), np.arange(n))
+    save(True, own.checkpoint(full=True))
+    own.saved()
+    own.assignment(_sym(n + 5, np.r_[src, np.arange(n, n + 5)], np.r_[dst, np.arange(5)]), np.arange(n + 5))
+    save(False, own.checkpoint())
+    own.saved()
+    committed = own.parts.copy()
+    own.assignment(_sym(n + 9, np.r_[src, np.arange(n, n + 9)], np.r_[dst, np.arange(9)]), np.arange(n + 9))
+
+    def die(info):
+        raise RuntimeError("killed before the commit")
+
+    with pytest.raises(RuntimeError):
+        save(False, own.checkpoint(), before_commit=die)  # written, never committed
+    state = ckpt.load(tmp_path)
+    assert [s for s, _ in state["owners"]] == [0, n]
+    back = Ownership(2, "metis", seed=0)
+    back.restore(state["owners"], own.base_cut, own.repartitions)
+    assert (back.parts == committed).all(), "the uncommitted piece is not part of the restored ownership"
