@@ -139,7 +139,9 @@ def build_engine(cfg: TrainConfig, graph: Graph, transport=None, epochs: int | N
         # A warm start (continuous training) continues from earlier weights and optimizer state.
         state = param_server.init(ctx.params if init_params is None else init_params, ctx.tx)
         if init_opt_state is not None:
-            state = dataclasses.replace(state, opt_state=init_opt_state)
+            # as device arrays, as the optimizer's init makes them: the parameter server updates eagerly, and
+            # host-array leaves (a checkpoint's, a stream's) compiled its scalar ops once more
+            state = dataclasses.replace(state, opt_state=jax.tree_util.tree_map(jax.numpy.asarray, init_opt_state))
         ps.state = state
     pool = build_tensor_workers(cfg, graph, transport, ctx=ctx)
     servers = [build_graph_server(cfg, graph, transport, p, ctx=ctx, epochs=epochs)
