@@ -116,7 +116,7 @@ class LocalLambdaFleet:
             os.kill(pid, signal.SIGKILL)
 
     def kill_emulator(self, k: int) -> None:
-        """SIGKILL emulator k and its runtime: that endpoint is gone for good."""
+        """SIGKILL emulator k and its runtime, and wait until it is gone: that endpoint is gone for good."""
         pids = self.runtime_pids(k)
         os.kill(self.emulators[k]["pid"], signal.SIGKILL)
         for pid in pids:
@@ -124,12 +124,18 @@ class LocalLambdaFleet:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+        deadline = time.monotonic() + 10.0
+        while self.alive(k) and time.monotonic() < deadline:
+            time.sleep(0.02)
 
     def alive(self, k: int) -> bool:
+        """Whether emulator k still runs. A killed emulator was started by lambda.sh in the background, so its
+        parent is whichever process reaps orphans, which may do so late: a zombie counts as dead."""
+        import psutil
+
         try:
-            os.kill(self.emulators[k]["pid"], 0)
-            return True
-        except ProcessLookupError:
+            return psutil.Process(self.emulators[k]["pid"]).status() != psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
             return False
 
 
