@@ -387,6 +387,12 @@ def writes(stage: Stage) -> tuple[str, ...]:
     return ()
 
 
+def runs_whole(stage: Stage) -> bool:
+    """Whether the engine runs this stage over a partition's whole block once per epoch rather than per interval:
+    an unweighted GA (GCN's Â, GraphSAGE's mean), which needs no per-interval tensor (GAT's α is per interval)."""
+    return stage.kind == StageKind.GA and not stage.weighted
+
+
 def reads(stage: Stage) -> dict[str, str]:
     """Named tensors a stage consumes and where: "rows" (its block's rows), "cols" (columns: ghosts too) or
     "edges" (per-edge values of the same block)."""

@@ -105,6 +105,12 @@ class GraphServer:
         self._static_blocks()
         if not self._feature_col_stages:
             self.x_cols = None  # the rows' copies in rows_static are all that is read
+        # Unweighted GA stages run over the partition's whole block (`build_plan(whole=True)`) once per epoch;
+        # each interval takes its rows of the result, and ∇GA runs once all intervals gave their row gradients.
+        self.whole_dev = plan.block.to_device() if plan.block is not None else None
+        self._whole_stages = {st.index for st in self.stages if self.whole_dev is not None and models.runs_whole(st)}
+        self._whole_out: dict[tuple[int, int], list] = {}   # (stage, epoch or -1 if static) -> [rows, takers]
+        self._whole_grad: dict[tuple[int, int], list] = {}  # (stage, epoch) -> [row gradients, givers]
         self._static_cols: dict[int, jax.Array] = {}
         self._static_ga: dict[tuple[int, int], dict] = {}  # (interval, stage) -> outputs of a GA over features
         self._col_split = [(np.flatnonzero(iv.cols < self.n_own), np.flatnonzero(iv.cols >= self.n_own))
@@ -214,13 +220,9 @@ class GraphServer:
             self._waiting[i] = None
             self._span(TaskKind.WAIT, e, i, w[0], detail={"gate": w[1], "step": step})
 
-    def _col_input(self, i: int, e: int, ps: int, name: str) -> np.ndarray | None:
-        """The column values interval i reads in epoch e, or None while the watermark is behind."""
-        iv = self.plan.intervals[i]
-        if ps == -1:
-            if i not in self._static_cols:  # the input features never change: gather them once
-                self._static_cols[i] = jnp.asarray(self.x_cols[iv.cols])
-            return self._static_cols[i]
+    def _col_gate(self, e: int, ps: int, name: str) -> int | None:
+        """The epoch of the ghost values epoch e reads from producer ps, or None while they (or the owned rows
+        of epoch e) are not all there; sets the gate."""
         if len(self.fwd_done[ps][e]) < self.num_intervals:
             self._gate = "local"
             return None
@@ -232,8 +234,20 @@ class GraphServer:
         if self.sync_barrier and len(self.global_wm[(Direction.FORWARD, ps, e)]) < self.num_partitions - 1:
             self._gate = "barrier"
             return None
+        return e if not wm else e_ghost
+
+    def _col_input(self, i: int, e: int, ps: int, name: str) -> np.ndarray | None:
+        """The column values interval i reads in epoch e, or None while the watermark is behind."""
+        iv = self.plan.intervals[i]
+        if ps == -1:
+            if i not in self._static_cols:  # the input features never change: gather them once
+                self._static_cols[i] = jnp.asarray(self.x_cols[iv.cols])
+            return self._static_cols[i]
+        e_ghost = self._col_gate(e, ps, name)
+        if e_ghost is None:
+            return None
         own = self.fwd[(ps, name)][e]
-        if not wm or e_ghost == e:
+        if e_ghost == e:
             return own[iv.cols]
         self.max_staleness = max(self.max_staleness, e - e_ghost)
         # Owned columns from epoch e, ghost columns from epoch e - S: two gathers, no copy of the whole store.
@@ -242,6 +256,74 @@ class GraphServer:
         out[own_pos] = own[iv.cols[own_pos]]
         out[ghost_pos] = self._ghost_values(ps, name, e, e_ghost)[iv.cols[ghost_pos] - self.n_own]
         return out
+
+    def _col_view(self, e: int, ps: int, name: str) -> jax.Array | None:
+        """All column values epoch e reads from producer ps (owned of epoch e, ghosts of the gated epoch), padded
+        to the whole block's columns, on the device; None while the watermark is behind."""
+        if ps == -1:
+            src, e_ghost = self.x_cols, e
+        else:
+            e_ghost = self._col_gate(e, ps, name)
+            if e_ghost is None:
+                return None
+            src = self.fwd[(ps, name)][e]
+        view = np.zeros((self.whole_dev.shape[1], *src.shape[1:]), np.float32)
+        if e_ghost == e:
+            view[: self.n_cols] = src
+        else:
+            self.max_staleness = max(self.max_staleness, e - e_ghost)
+            view[: self.n_own] = src[: self.n_own]
+            view[self.n_own: self.n_cols] = self._ghost_values(ps, name, e, e_ghost)
+        return jax.device_put(view, may_alias=True)
+
+    def _whole_forward(self, i: int, e: int, s: int) -> dict | None:
+        """Interval i's rows of GA stage s over the whole block: the first interval to ask computes it for all
+        (once per epoch; once for good over the input features), or None while its columns are not there."""
+        st = self.stages[s]
+        ps = self.producers[s]["h"]
+        key = (s, -1 if ps == -1 else e)
+        entry = self._whole_out.get(key)
+        if entry is None:
+            view = self._col_view(e, ps, "h")
+            if view is None:
+                return None
+            t0 = clock()
+            full = np.asarray(forward_fn(st)({}, {"h": view}, self.whole_dev, jnp.uint32(self.seed_for(e, s)))["h"])
+            t1 = clock()
+            self.busy_s[TaskKind.GA] += t1 - t0
+            self._span(TaskKind.GA, e, -1, t0, t1, detail={"stage": s})
+            entry = self._whole_out[key] = [full, set()]
+            if ps == -1 and all((k, -1) in self._whole_out for k in self._feature_col_stages):
+                self.x_cols = None  # no stage gathers the features again
+        full, takers = entry
+        iv = self.plan.intervals[i]
+        out = np.zeros((self.blocks[i].shape[0], *full.shape[1:]), np.float32)
+        out[: iv.end - iv.start] = full[iv.start:iv.end]
+        takers.add(i)
+        if ps != -1 and len(takers) == self.num_intervals:
+            del self._whole_out[key]
+        return {"h": out}
+
+    def _whole_backward(self, i: int, e: int, s: int, g: np.ndarray) -> None:
+        """Interval i's output gradient of GA stage s; with the last interval's, ∇GA over the whole block (its
+        transpose), whose column gradients go out as `_col_grad`'s sum does."""
+        iv = self.plan.intervals[i]
+        entry = self._whole_grad.get((s, e))
+        if entry is None:
+            entry = self._whole_grad[(s, e)] = [np.zeros((self.whole_dev.shape[0], *g.shape[1:]), np.float32),
+                                                set()]
+        entry[0][iv.start:iv.end] = g[: iv.end - iv.start]
+        entry[1].add(i)
+        if len(entry[1]) < self.num_intervals:
+            return
+        del self._whole_grad[(s, e)]
+        t0 = clock()
+        total = gather_transpose_fn(self.stages[s].aggregator)(self.whole_dev,
+                                                                jax.device_put(entry[0], may_alias=True))
+        total = np.asarray(total)[: self.n_cols]
+        self.busy_s[TaskKind.GA_BWD] += clock() - t0
+        self._span(TaskKind.GA_BWD, e, -1, t0, detail={"stage": s})
+        self._col_grad_sum(e, self.producers[s]["h"], "h", total)
 
     def _ghost_values(self, ps: int, name: str, e: int, e_ghost: int) -> np.ndarray:
         """The ghost rows epoch e reads. PREDICT extrapolates them linearly from epochs e_ghost - 1 and e_ghost to
@@ -416,6 +498,11 @@ class GraphServer:
         for k in range(self.num_intervals):  # fixed order: results do not depend on timing
             iv = self.plan.intervals[k]
             total[iv.cols[: iv.num_cols]] += parts[k][: iv.num_cols]
+        self._col_grad_sum(e, ps, name, total, t0)
+
+    def _col_grad_sum(self, e: int, ps: int, name: str, total: np.ndarray, t0: float | None = None) -> None:
+        """∇SC: the partition's column gradients of epoch e are summed; the ghost rows go to their owners."""
+        t0 = clock() if t0 is None else t0
         self.bwd_sum[(ps, name)][e] = total
         for q, idx in self.plan.recv.items():
             self.transport.send(Channel.GHOST_GRADS, q, Message(TaskKind.SC_BWD, e, ps, -1, self.partition, -1,
@@ -583,6 +670,16 @@ class GraphServer:
             return False
         if ist.step == 0 and self.latest_version < self.version_for(e):
             return self._wait(i, "weights")
+        if kind == Step.FORWARD and s in self._whole_stages:
+            self._gate = None
+            out = self._whole_forward(i, e, s)
+            if out is None:
+                return self._wait(i, self._gate)
+            self._end_wait(i, e, f"{kind}{s}")
+            ist.saved[s] = {}
+            ist.step += 1
+            self._on_outputs(i, e, s, out)
+            return True
         if kind in (Step.FORWARD, Step.LAST, Step.LOSS):
             self._gate = None
             inputs = {} if (i, s) in self._static_ga else self._inputs(i, e, s)
@@ -631,6 +728,10 @@ class GraphServer:
         wrt = tuple(n for n in models.reads(st) if self._needs_grad(self.producers[s][n]))
         if not wrt and not any(self.stages[k].has_params for k in group):
             ist.step += 1
+            return True
+        if s in self._whole_stages:
+            ist.step += 1
+            self._whole_backward(i, e, s, out_grads["h"])
             return True
         inputs = ist.saved[s]
         seed = self.seed_for(e, s)

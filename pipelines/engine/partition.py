@@ -94,6 +94,7 @@ class PartitionPlan:
     send: dict                 # q -> owned local indices that partition q reads as ghosts (forward SC)
     recv: dict                 # q -> positions in `ghosts` of the rows q sends (forward); ∇SC goes back
     intervals: list
+    block: Adjacency | None = None  # all owned rows over the column space (`build_plan(whole=True)`), padded
 
     @property
     def num_owned(self) -> int:
@@ -169,14 +170,27 @@ def bucket_size(n: int, factor: float, minimum: int = 16) -> int:
     return size
 
 
+def _whole_pads(blocks: list, bucket: float | None) -> tuple[list[int], list[int], list[int]]:
+    """Padded (rows, columns, entries) of each partition's whole block: laddered over the partitions as the
+    intervals' are (balanced partitions share one shape), then bucketed."""
+    pads = [_ladder([b.shape[k] for b in blocks]) for k in (0, 1)] + [_ladder([b.nnz for b in blocks])]
+    if bucket is not None:
+        pads = [[bucket_size(z, bucket) for z in w] for w in pads]
+    return tuple(pads)
+
+
 def build_plan(a_norm: sp.csr_matrix, num_parts: int, num_intervals: int, method: str = "metis",
-               seed: int = 0, bucket: float | None = None) -> Plan:
+               seed: int = 0, bucket: float | None = None, whole: bool = False) -> Plan:
     """Partition a normalized adjacency (with self-loops) and cut each partition into padded intervals.
 
     Each interval's block holds the in-edges of its rows (GA forward); its transpose, kept inside the block,
     serves ∇GA, whose per-column results go back to the columns' owners (∇SC). bucket (> 1, optional): every
     padded size (rows, columns and entries of the blocks) is rounded up to a power of it (`bucket_size`), so a
     plan of a slightly larger graph has the same shapes and the jitted kernels do not compile again.
+    whole: also give every partition one block of all its rows over its column space (`PartitionPlan.block`),
+    padded to shapes shared as the intervals' are: an unweighted GA runs over it once per epoch instead of once
+    per interval, reading the column store in place where each interval's block read a gathered copy of its
+    columns (and its ∇GA summed the intervals' column gradients by a host scatter).
     """
     if num_intervals < 1:
         raise ConfigError(f"intervals must be >= 1, got {num_intervals}")
@@ -208,18 +222,21 @@ def build_plan(a_norm: sp.csr_matrix, num_parts: int, num_intervals: int, method
             pos_u[ucols] = np.arange(ucols.size, dtype=np.int32)
             blk = sp.csr_matrix((rows.data, pos_u[cols_local], rows.indptr), shape=(e - s, ucols.size))
             blocks.append((i, s, e, ucols, blk))
-        raw.append((p, owned, ghosts, blocks))
+        full = (sp.csr_matrix((sub.data, pos[sub.indices], sub.indptr), shape=(owned.size, colspace.size))
+                if whole else None)
+        raw.append((p, owned, ghosts, blocks, full))
 
-    rows_pad = max(e - s for _, _, _, bl in raw for _, s, e, _, _ in bl)
-    cols_pads = _ladder([max(u.size for _, _, _, u, _ in bl) for *_, bl in raw])
-    nnz_pads = _ladder([max(b.nnz for *_, b in bl) for *_, bl in raw])
+    rows_pad = max(e - s for _, _, _, bl, _ in raw for _, s, e, _, _ in bl)
+    cols_pads = _ladder([max(u.size for _, _, _, u, _ in bl) for *_, bl, _ in raw])
+    nnz_pads = _ladder([max(b.nnz for *_, b in bl) for *_, bl, _ in raw])
     if bucket is not None:
         rows_pad = bucket_size(rows_pad, bucket)
         cols_pads = [bucket_size(c, bucket) for c in cols_pads]
         nnz_pads = [bucket_size(z, bucket) for z in nnz_pads]
     cols_pad, nnz_pad = max(cols_pads), max(nnz_pads)
+    whole_pads = _whole_pads([f for *_, f in raw], bucket) if whole else None
     plans = []
-    for p, owned, ghosts, blocks in raw:
+    for p, owned, ghosts, blocks, full in raw:
         colspace = np.concatenate([owned, ghosts])
         ghost_owner = parts[ghosts].astype(np.int32)
         intervals = []
@@ -231,7 +248,13 @@ def build_plan(a_norm: sp.csr_matrix, num_parts: int, num_intervals: int, method
             cols[: ucols.size] = ucols
             intervals.append(IntervalPlan(i, s, e, cols, int(ucols.size), block))
         recv = {int(q): np.flatnonzero(ghost_owner == q) for q in np.unique(ghost_owner)}
-        plans.append(PartitionPlan(p, owned, ghosts, ghost_owner, {}, recv, intervals))
+        block = None
+        if full is not None:
+            rp, cp, zp = (w[p] for w in whole_pads)
+            block = Adjacency.from_scipy(full, row_gids=owned, col_gids=colspace, nnz_pad=zp, rows_pad=rp,
+                                         cols_pad=cp, edge_rows=False)
+            raw[p] = None
+        plans.append(PartitionPlan(p, owned, ghosts, ghost_owner, {}, recv, intervals, block))
     for pp in plans:
         for q, idx in pp.recv.items():
             plans[q].send[pp.partition] = local_index[pp.ghosts[idx]]

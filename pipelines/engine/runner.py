@@ -11,6 +11,7 @@ from pathlib import Path
 
 import jax
 
+from ops import models
 from ops.optim import make_optimizer
 from ops.spec import ModelSpec
 from pipelines import rundir
@@ -67,7 +68,8 @@ def run_context(cfg: TrainConfig, graph: Graph, bucket: float | None = None) -> 
     spec = ModelSpec.for_graph(cfg, graph)
     model = spec.build()
     x, a = model_inputs(cfg, graph)
-    plan = build_plan(a, cfg.partitions, cfg.intervals, cfg.partitioner, cfg.seed, bucket=bucket)
+    whole = any(models.runs_whole(st) for st in model.stages)
+    plan = build_plan(a, cfg.partitions, cfg.intervals, cfg.partitioner, cfg.seed, bucket=bucket, whole=whole)
     params = model.init(jax.random.PRNGKey(cfg.seed))
     tx = make_optimizer(cfg.lr, cfg.weight_decay, model.decay_mask(params))
     param_stages = [s.name for s in model.stages if s.has_params]

@@ -161,11 +161,16 @@ def tagged(rows: list, stages) -> list[tuple[dict, int]]:
             continue
         if kind == Task.WAIT:
             continue
+        if "stage" in r:   # a span that names its stage (a GA over a partition's whole block)
+            out.append((r, int(r["stage"])))
+            continue
         part = r.get("partition", r["lane"])
         key = (part, r["interval"], r["epoch"], kind)
         n = seen.get(key, 0)
         seen[key] = n + 1
         stages_of = order.get(kind, [])
+        if kind in (Task.GA, Task.GA_BWD):   # a whole-block GA's spans name their stage (above)
+            stages_of = [s for s in stages_of if not models.runs_whole(stages[s])]
         if n < len(stages_of):
             out.append((r, stages_of[n]))
     return out

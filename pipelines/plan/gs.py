@@ -74,6 +74,9 @@ class GraphServerSim:
                           if self.tasks.get((Step.FORWARD, st.index)) == Task.GA
                           and all(p == -1 for p in self.producers[st.index].values())}
         self.ga_done: set = set()
+        # unweighted GA stages run once per epoch over the partition's block (`GraphServer._whole_forward`)
+        self.whole_done: set = set()
+        self.whole_grad = collections.defaultdict(set)
         self.poll_s = world.costs.poll_s if world.L.kind == "local" else 0.0
 
     # ------------------------------------------------------------------------------------------------ helpers
@@ -204,6 +207,9 @@ class GraphServerSim:
         if len(done) < self.K:
             return
         del self.bwd_local[(ps, name)][e]
+        yield from self._col_grad_sum(e, ps, name)
+
+    def _col_grad_sum(self, e: int, ps: int, name: str):
         t0 = yield from self._run_task(Task.SC_BWD, ps)
         self.bwd_sum[(ps, name)].add(e)
         width = self.widths[ps]["out"].get(name, 1)
@@ -328,6 +334,15 @@ class GraphServerSim:
             if gate:
                 return self._wait(i, gate)
             self._end_wait(i, e, f"{step.value}{s}")
+            if task == Task.GA and models.runs_whole(self.stages[s]):
+                key = (s, -1 if s in self.static_ga else e)
+                if key not in self.whole_done:
+                    t0 = yield from self._run_task(Task.GA, s)
+                    self.whole_done.add(key)
+                    self.w.span(self.lane, Task.GA, e, -1, t0, self.loop.now, stage=s)
+                self.step[i] += 1
+                yield from self._on_outputs(i, e, s)
+                return True
             if task == Task.GA:
                 if (i, s) in self.ga_done:
                     t0 = self.loop.now
@@ -347,6 +362,16 @@ class GraphServerSim:
         self._end_wait(i, e, f"B{s}")
         if task is None:
             self.step[i] += 1
+            return True
+        if task == Task.GA_BWD and models.runs_whole(self.stages[s]):
+            self.step[i] += 1
+            got = self.whole_grad[(s, e)]
+            got.add(i)
+            if len(got) == self.K:   # the last interval's gradient: ∇GA over the whole block, then ∇SC
+                del self.whole_grad[(s, e)]
+                t0 = yield from self._run_task(Task.GA_BWD, s)
+                self.w.span(self.lane, Task.GA_BWD, e, -1, t0, self.loop.now, stage=s)
+                yield from self._col_grad_sum(e, self.producers[s]["h"], "h")
             return True
         if task == Task.GA_BWD:
             t0 = yield from self._run_task(Task.GA_BWD, s)

@@ -182,6 +182,9 @@ def task_size(stages, shape: Shape, kind: Task, s: int, p: int = 0) -> TaskSize:
     R, C, Z = shape.rows_pad, shape.cols_pad, shape.nnz_pad
     block = Z * (4 + 4 + 4) + (R + 1) * 4 + R * 8 + C * 8     # data, indices, row_ids, indptr, row/col gids
     if kind in (Task.GA, Task.GA_BWD):
+        if models.runs_whole(st):  # once per epoch over the partition's block: its intervals' entries and rows
+            K = shape.intervals
+            return TaskSize(K * Z, K * Z * w["h"], C * w["h"] * F32, K * R * w["out"]["h"] * F32)
         return TaskSize(Z, Z * w["h"], C * w["h"] * F32, R * w["out"]["h"] * F32)
     if kind in (Task.SC, Task.SC_BWD):
         width = w["out"].get("h", 1)

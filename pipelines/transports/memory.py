@@ -24,7 +24,12 @@ class MemoryTransport(Transport):
 
     def __init__(self, copy: bool = False):
         self._logs: dict[tuple[str, int], _Log] = collections.defaultdict(_Log)
-        self._cv = threading.Condition()
+        self._lock = threading.RLock()
+        self._cv = threading.Condition(self._lock)
+        # channel -> the conditions (on _cv's lock) of the consumers reading it: a send wakes only those, where
+        # one condition for all woke every role's thread on every message (a dozen threads, each taking the
+        # GIL to find nothing for it)
+        self._waiters: dict[tuple[str, int], list] = collections.defaultdict(list)
         self._copy = copy
         self._sent = collections.Counter()
         self._bytes = collections.Counter()
@@ -36,7 +41,8 @@ class MemoryTransport(Transport):
             self._logs[(kind, partition)].items.append(msg)
             self._sent[kind] += 1
             self._bytes[kind] += msg.nbytes()
-            self._cv.notify_all()
+            for cv in self._waiters.get((kind, partition), ()):
+                cv.notify()
 
     def consumer(self, subscriptions, group=None) -> Consumer:
         with self._cv:
@@ -72,6 +78,17 @@ class _MemoryConsumer(Consumer):
         self.subs = subs
         self.group = group
         self._rr = 0
+        self._cv = threading.Condition(transport._lock)  # the transport's lock; woken by sends to its channels
+        with transport._cv:
+            for ch in subs:
+                transport._waiters[tuple(ch)].append(self._cv)
+
+    def close(self) -> None:
+        with self.transport._cv:
+            for ch in self.subs:
+                waiters = self.transport._waiters.get(tuple(ch), [])
+                if self._cv in waiters:
+                    waiters.remove(self._cv)
 
     def poll(self, timeout: float, max_messages: int = 256) -> list[Message]:
         deadline = time.monotonic() + timeout
@@ -89,4 +106,4 @@ class _MemoryConsumer(Consumer):
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return out
-                self.transport._cv.wait(left)
+                self._cv.wait(left)
