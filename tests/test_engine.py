@@ -62,6 +62,43 @@ def test_bucketed_plans_of_a_slightly_larger_graph_keep_their_shapes(cora):
     assert exact.rows_pad <= p1.rows_pad < 1.25 * exact.rows_pad and exact.nnz_pad <= p1.nnz_pad < 1.25 * exact.nnz_pad
 
 
+@pytest.mark.parametrize("bucket", [None, 1.25])
+def test_whole_partition_blocks_reproduce_their_rows_and_transpose(cora, bucket):
+    """build_plan(whole=True): each partition's block is its owned rows of Â over its column space (owned, then
+    ghosts), padded to one shape for every partition here; its transpose gives Âᵀ·g over those columns."""
+    from ops.sparse import gather, gather_transpose
+
+    a = gcn_normalize(cora.adj)
+    plan = build_plan(a, 3, 4, "metis", bucket=bucket, whole=True)
+    assert build_plan(a, 3, 4, "metis").partitions[0].block is None
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((a.shape[0], 6)).astype(np.float32)
+    shapes = set()
+    for pp in plan.partitions:
+        b, cs, n_own = pp.block, pp.colspace, pp.num_owned
+        shapes.add((b.shape, b.nnz))
+        assert b.shape[0] >= n_own and b.shape[1] >= cs.size
+        xs = np.zeros((b.shape[1], 6), np.float32)
+        xs[: cs.size] = x[cs]
+        y = np.asarray(gather(b.to_device(), xs))
+        np.testing.assert_allclose(y[:n_own], (a @ x)[pp.owned], atol=1e-5)
+        assert np.all(y[n_own:] == 0)
+        g = np.zeros((b.shape[0], 6), np.float32)
+        g[:n_own] = rng.standard_normal((n_own, 6))
+        gt = np.asarray(gather_transpose(b.to_device(), g))
+        np.testing.assert_allclose(gt[: cs.size], a[pp.owned][:, cs].T @ g[:n_own], atol=1e-5)
+    assert len(shapes) == 1, "balanced partitions share one padded whole-block shape (jit compiles once)"
+
+
+def test_only_unweighted_aggregations_get_whole_partition_blocks(cora):
+    """GCN and SAGE (unweighted GA) run their GA over whole-partition blocks; GAT (α per interval) does not."""
+    from pipelines.engine.runner import run_context
+
+    for model, whole in [("gcn", True), ("sage", True), ("gat", False)]:
+        cfg = TrainConfig(model=model, partitions=2, intervals=2, epochs=1).resolved()
+        assert (run_context(cfg, cora).plan.partitions[0].block is not None) is whole, model
+
+
 @pytest.mark.parametrize("method", ["metis", "hash"])
 def test_plan_blocks_reproduce_the_adjacency(cora, method):
     a = gcn_normalize(cora.adj)
