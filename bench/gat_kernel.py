@@ -33,7 +33,9 @@ def _step(model, adj, x, labels, mask, fused: bool):
         s, n = dense.softmax_cross_entropy(logits(p, seeds), labels, mask)
         return s / n
 
-    return jax.jit(jax.value_and_grad(loss))
+    from ops import xla
+
+    return xla.jit(jax.value_and_grad(loss))
 
 
 def main(argv=None) -> int:

@@ -8,7 +8,7 @@ from typing import Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from ops import attention, dense, sparse
+from ops import attention, dense, sparse, xla
 from schemas.tasks import StageKind
 
 
@@ -286,7 +286,7 @@ def constant_prefix(model: Model, adj: sparse.Adjacency, x: jax.Array) -> jax.Ar
     return x if done == 0 else Aggregated(h, done)
 
 
-@functools.partial(jax.jit, static_argnums=0)
+@xla.jit(static_argnums=0)
 def _constant_stage(stage: Stage, adj: sparse.Adjacency, h: jax.Array) -> jax.Array:
     return run_stage(stage, {}, {"h": h}, adj, None)["h"]
 

@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ops import dense, models
+from ops import dense, models, xla
 from ops.models import Stage
 from schemas.tasks import StageKind, TaskKind
 
@@ -51,7 +51,7 @@ def _vjp_wrt(f, wrt_inputs: tuple[str, ...]):
         _, pullback = jax.vjp(h, p, var)
         return pullback(out_grads)
 
-    return jax.jit(g)
+    return xla.jit(g)
 
 
 @functools.lru_cache(maxsize=None)
@@ -59,8 +59,8 @@ def forward_fn(stage: Stage, train: bool = True):
     """jit(f(params, inputs, block, seed) -> outputs) for one stage (AV, AE or GA)."""
     f = _stage_call(stage)
     if not train:
-        return jax.jit(lambda p, inputs, adj: f(p, inputs, adj, None))
-    return jax.jit(f)
+        return xla.jit(lambda p, inputs, adj: f(p, inputs, adj, None))
+    return xla.jit(f)
 
 
 @functools.lru_cache(maxsize=None)
@@ -80,8 +80,8 @@ def gather_transpose_fn(aggregator: str = "sum"):
     from ops.sparse import gather_mean_transpose, gather_transpose
 
     if aggregator == "sum":
-        return jax.jit(gather_transpose)
-    return jax.jit(functools.partial(gather_mean_transpose, aggregator=aggregator))
+        return xla.jit(gather_transpose)
+    return xla.jit(functools.partial(gather_mean_transpose, aggregator=aggregator))
 
 
 @functools.lru_cache(maxsize=None)
@@ -105,7 +105,7 @@ def loss_fn(loss_stage: Stage, av_stage: Stage | None):
             p, h, rows, labels, mask, seed, scale)
         return s, n, c, gp, gh
 
-    return jax.jit(l)
+    return xla.jit(l)
 
 
 def _chain_call(stages: tuple[Stage, ...]):
@@ -121,7 +121,7 @@ def _chain_call(stages: tuple[Stage, ...]):
 @functools.lru_cache(maxsize=None)
 def chain_forward_fn(stages: tuple[Stage, ...]):
     """jit(f(params by stage name, inputs, rows, seeds) -> the last stage's outputs) for fused AV stages."""
-    return jax.jit(_chain_call(stages))
+    return xla.jit(_chain_call(stages))
 
 
 @functools.lru_cache(maxsize=None)
@@ -147,7 +147,7 @@ def loss_chain_fn(loss_stage: Stage, av_stages: tuple[Stage, ...]):
             p, h, rows, labels, mask, seeds, scale)
         return s, n, c, gp, gh
 
-    return jax.jit(l)
+    return xla.jit(l)
 
 
 def task_stages(model: models.Model, stage_index: int, meta: dict) -> tuple[int, ...]:

@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ops import dense, models
+from ops import dense, models, xla
 from ops import params as P
 from ops.sparse import Adjacency
 from ops.spec import ModelSpec
@@ -97,7 +97,7 @@ class Evaluator:
                 out.append((s, n, dense.correct_count(logits, labels, m)))
             return out
 
-        self.fn = jax.jit(evaluate)
+        self.fn = xla.jit(evaluate)
 
     def __call__(self, params, adj, x, labels, masks) -> dict:
         res = self.fn(params, adj, x, labels, masks)

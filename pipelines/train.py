@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from ops import dense, models
+from ops import dense, models, xla
 from ops.optim import dropout_seeds, make_optimizer
 from ops.spec import ModelSpec
 from pipelines import rundir
@@ -37,7 +37,7 @@ def make_train_step(model: models.Model, tx):
         updates, opt_state = tx.update(grads, opt_state, params)
         return optax.apply_updates(params, updates), opt_state, loss
 
-    return jax.jit(step, donate_argnums=(0, 1))
+    return xla.jit(step, donate_argnums=(0, 1))
 
 
 def train(cfg: TrainConfig, graph: Graph, out: Path | None = None, show_progress: bool = False,

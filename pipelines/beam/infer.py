@@ -133,10 +133,10 @@ _JIT = {}
 
 
 def _jitted():
-    import jax
+    from ops import xla
 
     if "fn" not in _JIT:
-        _JIT["fn"] = jax.jit(_run_segment, static_argnums=(0, 1))
+        _JIT["fn"] = xla.jit(_run_segment, static_argnums=(0, 1))
     return _JIT["fn"]
 
 

@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ops import models
+from ops import models, xla
 from ops.optim import dropout_seeds, make_optimizer
 from ops.sparse import Adjacency
 from pipelines.config import TrainConfig
@@ -109,7 +109,7 @@ class RoundTrainer:
         self.step = make_train_step(self.model, self.tx)
         self.evaluator = Evaluator(self.model)
         model = self.model
-        self.logits = jax.jit(lambda p, adj, x: models.forward(model, p, adj, x, None))
+        self.logits = xla.jit(lambda p, adj, x: models.forward(model, p, adj, x, None))
 
     def device_graph(self, graph: Graph) -> DeviceGraph:
         """The round's graph padded to its capacity bucket, on the device."""
