@@ -40,9 +40,16 @@ def _edges(adj: Adjacency) -> _Edges:
     return _Edges(pad(adj.row_ids), pad(adj.indices), pad(adj.data != 0), pad(dense.edge_keys(adj)))
 
 
+def _at(v, idx, rows: bool = False):
+    """v[idx] for the chunk's row or column ids: they are in bounds and never negative (padding entries point at
+    vertex 0), so the gather skips jnp indexing's wrap of negative ids and its bounds handling, which XLA's loop
+    emitter evaluates per gathered element; row ids are sorted."""
+    return v.at[idx].get(mode="promise_in_bounds", wrap_negative_indices=False, indices_are_sorted=rows)
+
+
 def _scores(s_src, s_dst, ed: _Edges, i, slope):
     """pre-activation and masked logits [CHUNK, H] of chunk i."""
-    pre = s_dst[ed.rows[i]] + s_src[ed.cols[i]]
+    pre = _at(s_dst, ed.rows[i], True) + _at(s_src, ed.cols[i])
     return pre, jnp.where(ed.valid[i][:, None], jax.nn.leaky_relu(pre, slope), -jnp.inf)
 
 
@@ -58,7 +65,7 @@ def _keep(ed: _Edges, seed, rate, heads):
 def _alpha(logits, m, s, ed: _Edges, i, keep, rate):
     """α and the dropped-out α of chunk i."""
     r = ed.rows[i]
-    alpha = jnp.where(ed.valid[i][:, None], jnp.exp(logits - m[r]) / (s[r] + 1e-16), 0.0)
+    alpha = jnp.where(ed.valid[i][:, None], jnp.exp(logits - _at(m, r, True)) / (_at(s, r, True) + 1e-16), 0.0)
     if keep is None:
         return alpha, alpha
     return alpha, jnp.where(keep[i], alpha / (1.0 - rate), 0.0)
@@ -79,16 +86,19 @@ def _forward(adj, s_src, s_dst, z, seed, slope, rate):
         def body(i, acc):
             s, out = acc
             rows = ed.rows[i]
-            e = jnp.where(ed.valid[i][:, None], jnp.exp(_scores(s_src, s_dst, ed, i, slope)[1] - m[rows]), 0.0)
+            e = jnp.where(ed.valid[i][:, None], jnp.exp(_scores(s_src, s_dst, ed, i, slope)[1] - _at(m, rows, True)),
+                          0.0)
             dropped = e if keep is None else jnp.where(keep[i], e / (1.0 - rate), 0.0)
-            return (s.at[rows].add(e, indices_are_sorted=True),
-                    out.at[rows].add(dropped[:, :, None] * z[ed.cols[i]], indices_are_sorted=True))
+            return (s.at[rows].add(e, indices_are_sorted=True, mode="promise_in_bounds"),
+                    out.at[rows].add(dropped[:, :, None] * _at(z, ed.cols[i]), indices_are_sorted=True,
+                                     mode="promise_in_bounds"))
 
         return _loop(n, body, (jnp.zeros((r, h), s_dst.dtype), jnp.zeros((r, *z.shape[1:]), z.dtype)))
 
     def exact():
         def row_max(i, m):
-            return m.at[ed.rows[i]].max(_scores(s_src, s_dst, ed, i, slope)[1], indices_are_sorted=True)
+            return m.at[ed.rows[i]].max(_scores(s_src, s_dst, ed, i, slope)[1], indices_are_sorted=True,
+                                        mode="promise_in_bounds")
 
         m = _loop(n, row_max, jnp.full((r, h), -jnp.inf, s_dst.dtype))
         m = jnp.where(jnp.isfinite(m), m, 0.0)
@@ -136,12 +146,13 @@ def _attend_bwd(negative_slope, rate, res, g):
         rows, cols = ed.rows[i], ed.cols[i]
         pre, logits = _scores(s_src, s_dst, ed, i, negative_slope)
         alpha, dropped = _alpha(logits, m, s, ed, i, keep, rate)
-        g_rows = g[rows]
-        dz = dz.at[cols].add(dropped[:, :, None] * g_rows)
-        d_dropped = jnp.einsum("ehf,ehf->eh", g_rows, z[cols])  # SDDMM (einsum: XLA's reduce of it is slower)
+        g_rows = _at(g, rows, True)
+        dz = dz.at[cols].add(dropped[:, :, None] * g_rows, mode="promise_in_bounds")
+        d_dropped = jnp.einsum("ehf,ehf->eh", g_rows, _at(z, cols))  # SDDMM (einsum: XLA's reduce of it is slower)
         d_alpha = d_dropped if rate <= 0.0 else jnp.where(dropped != 0, d_dropped / (1.0 - rate), 0.0)
-        d_pre = alpha * (d_alpha - row_term[rows]) * jnp.where(pre >= 0, 1.0, negative_slope)
-        return dz, ds_src.at[cols].add(d_pre), ds_dst.at[rows].add(d_pre, indices_are_sorted=True)
+        d_pre = alpha * (d_alpha - _at(row_term, rows, True)) * jnp.where(pre >= 0, 1.0, negative_slope)
+        return (dz, ds_src.at[cols].add(d_pre, mode="promise_in_bounds"),
+                ds_dst.at[rows].add(d_pre, indices_are_sorted=True, mode="promise_in_bounds"))
 
     init = (jnp.zeros_like(z), jnp.zeros_like(s_src), jnp.zeros_like(s_dst))
     dz, ds_src, ds_dst = _loop(ed.rows.shape[0], body, init)
