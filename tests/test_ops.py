@@ -277,3 +277,24 @@ def test_row_blocked_av_chain_and_constant_prefix_equal_the_plain_step(name, mon
     np.testing.assert_allclose(got[0], want[0], rtol=1e-6)
     for k, v in jax.tree_util.tree_leaves_with_path(want[1]):
         np.testing.assert_allclose(dict(jax.tree_util.tree_leaves_with_path(got[1]))[k], v, rtol=1e-4, atol=1e-5)
+
+
+def test_kernels_compile_without_ynnpack_reductions():
+    """ops.xla.jit keeps YNNPACK to dots: a reduction over a short minor axis (GAT's per-row softmax term) is
+    XLA's own loop, where the default hands it to YNNPACK (25x slower there), and the values are the same."""
+    from ops import xla
+
+    if xla.compiler_options() is None:
+        pytest.skip("this jaxlib does not take the YNNPACK fusion option")
+
+    def row_term(g, out):
+        return jnp.sum(g * out, axis=-1)
+
+    rng = np.random.default_rng(0)
+    g, out = (jnp.asarray(rng.standard_normal((20_000, 1, 40)), jnp.float32) for _ in range(2))
+    ours = xla.jit(row_term).lower(g, out).compile().as_text()
+    default = jax.jit(row_term).lower(g, out).compile().as_text()
+    assert "__ynn_fusion" not in ours
+    if "__ynn_fusion" not in default:
+        pytest.skip("XLA's default here does not fuse this reduction into YNNPACK either")
+    np.testing.assert_allclose(xla.jit(row_term)(g, out), jax.jit(row_term)(g, out), rtol=1e-5, atol=1e-5)
