@@ -10,6 +10,7 @@ deterministic; S = None adds a global barrier per layer.
 from __future__ import annotations
 
 import collections
+import functools
 import threading
 import time
 
@@ -34,6 +35,12 @@ GHOST_EMA = 0.98
 #: the limit for a kind's first tasks, which compile and have no reference yet
 TASK_TIMES = 64
 FIRST_TASK_S = 30.0
+
+
+@functools.lru_cache(maxsize=256)
+def _epoch_seeds(seed: int, e: int, num_stages: int) -> tuple[int, ...]:
+    """`dropout_seeds` as ints, drawn once per epoch (a generator per task cost more than the task's bookkeeping)."""
+    return tuple(int(v) for v in dropout_seeds(seed, e, num_stages))
 
 
 class _Interval:
@@ -195,7 +202,7 @@ class GraphServer:
         return weight_version(e, self.staleness, self.mode, self.start_epoch)
 
     def seed_for(self, e: int, s: int) -> int:
-        return int(dropout_seeds(self.seed, e, len(self.stages))[s])
+        return _epoch_seeds(self.seed, e, len(self.stages))[s]
 
     def _needs_grad(self, ps: int) -> bool:
         return ps != -1 and self.req_grad[ps]
@@ -281,6 +288,8 @@ class GraphServer:
         (once per epoch; once for good over the input features), or None while its columns are not there."""
         st = self.stages[s]
         ps = self.producers[s]["h"]
+        if ps == -1 and (i, s) in self._static_ga:
+            return self._static_ga[(i, s)]
         key = (s, -1 if ps == -1 else e)
         entry = self._whole_out.get(key)
         if entry is None:
@@ -293,14 +302,19 @@ class GraphServer:
             self.busy_s[TaskKind.GA] += t1 - t0
             self._span(TaskKind.GA, e, -1, t0, t1, detail={"stage": s})
             entry = self._whole_out[key] = [full, set()]
-            if ps == -1 and all((k, -1) in self._whole_out for k in self._feature_col_stages):
+            if ps == -1 and all((k, -1) in self._whole_out or any(key[1] == k for key in self._static_ga)
+                                for k in self._feature_col_stages):
                 self.x_cols = None  # no stage gathers the features again
         full, takers = entry
         iv = self.plan.intervals[i]
         out = np.zeros((self.blocks[i].shape[0], *full.shape[1:]), np.float32)
         out[: iv.end - iv.start] = full[iv.start:iv.end]
         takers.add(i)
-        if ps != -1 and len(takers) == self.num_intervals:
+        if ps == -1:
+            # Â·X never changes: each interval keeps its padded rows (read every epoch, no copy) and the
+            # partition's rows go once every interval has its own
+            self._static_ga[(i, s)] = {"h": out}
+        if len(takers) == self.num_intervals:
             del self._whole_out[key]
         return {"h": out}
 
