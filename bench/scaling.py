@@ -129,18 +129,19 @@ def engine_row(args, graph, cfg, common: dict) -> dict:
     times = [row["epoch_s"] for row in r.history]
     med = float(np.median(times[1:]))
     edges, F = common["edges"], common["features"]
-    # Graph-server arrays, computed from the partition plan: per interval the block's CSR + transpose
-    # (5 int32/float32 per stored entry, indptrs, ids) and the partition's feature columns (owned + ghosts).
-    from pipelines.engine.partition import build_plan
-    from pipelines.train import model_inputs
+    # Graph-server arrays, from the plan the engine built (`run_context`): the blocks it holds (each partition's
+    # whole block, and each interval's where the model needs them: CSR + transpose, indptrs, ids) and the
+    # partition's feature columns (owned + ghosts).
+    from pipelines.engine.runner import run_context
 
-    x, a = model_inputs(c, graph)
-    plan = build_plan(a, c.partitions, c.intervals, "hash", c.seed)
+    ctx = run_context(c, graph)
     worst = None
-    for pp in plan.partitions:
-        blocks = sum(_nbytes(iv.block) for iv in pp.intervals)
-        cols = int(pp.colspace.size) * x.shape[1] * 4
-        nnz = sum(int(iv.block.indptr[-1]) for iv in pp.intervals)  # includes padding entries
+    for pp in ctx.plan.partitions:
+        held = [b for b in [pp.block] + [iv.block for iv in pp.intervals] if b is not None]
+        blocks = sum(_nbytes(b) for b in held)
+        cols = int(pp.colspace.size) * ctx.x.shape[1] * 4
+        nnz = (int(pp.block.indptr[-1]) if pp.block is not None else  # includes padding entries
+               sum(int(iv.block.indptr[-1]) for iv in pp.intervals))
         gs = {"bytes": blocks + cols, "edges": nnz / 2, "vertices": int(pp.colspace.size)}
         gs["goal"] = GOAL_BYTES_PER_EDGE * gs["edges"] + 4 * F * gs["vertices"]
         if worst is None or gs["bytes"] / gs["goal"] > worst["bytes"] / worst["goal"]:

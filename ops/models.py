@@ -393,6 +393,12 @@ def runs_whole(stage: Stage) -> bool:
     return stage.kind == StageKind.GA and not stage.weighted
 
 
+def needs_interval_blocks(stages) -> bool:
+    """Whether the engine needs each interval's own gather block: a GA that runs per interval (GAT's weighted
+    one) or an AE, which reads its block's edges. GCN and GraphSAGE need only the partitions' whole blocks."""
+    return any(st.kind == StageKind.AE or (st.kind == StageKind.GA and not runs_whole(st)) for st in stages)
+
+
 def reads(stage: Stage) -> dict[str, str]:
     """Named tensors a stage consumes and where: "rows" (its block's rows), "cols" (columns: ghosts too) or
     "edges" (per-edge values of the same block)."""

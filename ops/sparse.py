@@ -108,9 +108,9 @@ class Adjacency:
         # Padding entries sit in the last padded row (or the last real row) with value 0 at column 0.
         indptr[r + 1:] = nnz
         indptr[-1] = npad
-        rg = np.arange(rp, dtype=np.int32) if row_gids is None else _pad_ids(row_gids, rp)
+        rg = np.arange(rp, dtype=np.int32) if row_gids is None else pad_ids(row_gids, rp)
         cg = None if symmetric and col_gids is None else (
-            np.arange(cp, dtype=np.int32) if col_gids is None else _pad_ids(col_gids, cp))
+            np.arange(cp, dtype=np.int32) if col_gids is None else pad_ids(col_gids, cp))
         if symmetric:
             return cls(data, indices, indptr, _row_ids(indptr) if edge_rows else None, None, None, None,
                        rg, rg if cg is None else cg, shape=(rp, cp), symmetric=True)
@@ -133,7 +133,8 @@ def _row_ids(indptr: np.ndarray) -> np.ndarray:
     return np.repeat(np.arange(indptr.size - 1, dtype=indptr.dtype), np.diff(indptr))
 
 
-def _pad_ids(ids, n):
+def pad_ids(ids, n):
+    """int32 ids padded to n entries with -1 (padding rows and columns have no vertex)."""
     out = np.full(n, -1, np.int32)
     ids = np.asarray(ids, np.int32)
     out[: ids.size] = ids

@@ -97,6 +97,26 @@ def test_only_unweighted_aggregations_get_whole_partition_blocks(cora):
     for model, whole in [("gcn", True), ("sage", True), ("gat", False)]:
         cfg = TrainConfig(model=model, partitions=2, intervals=2, epochs=1).resolved()
         assert (run_context(cfg, cora).plan.partitions[0].block is not None) is whole, model
+        assert all((iv.block is not None) is not whole
+                   for pp in run_context(cfg, cora).plan.partitions for iv in pp.intervals), model
+
+
+def test_a_plan_without_interval_blocks_keeps_the_intervals_rows_and_sizes(cora):
+    """build_plan(interval_blocks=False): the same intervals, padded row ids and plan-wide sizes (the stats the
+    schedule simulator reads) as a plan with blocks, and no block per interval: the whole blocks are the only
+    copy of the adjacency."""
+    a = gcn_normalize(cora.adj)
+    full = build_plan(a, 3, 4, "metis", whole=True)
+    lean = build_plan(a, 3, 4, "metis", whole=True, interval_blocks=False)
+    assert lean.stats == {**full.stats, "interval_blocks": False}
+    for pf, pl in zip(full.partitions, lean.partitions):
+        assert np.array_equal(pf.owned, pl.owned) and np.array_equal(pf.ghosts, pl.ghosts)
+        assert np.array_equal(pf.block.indices, pl.block.indices) and np.array_equal(pf.block.data, pl.block.data)
+        for f, l in zip(pf.intervals, pl.intervals):
+            assert (f.start, f.end, f.num_cols) == (l.start, l.end, l.num_cols) and l.block is None
+            assert np.array_equal(f.row_gids, l.row_gids) and np.array_equal(f.block.row_gids, l.row_gids)
+    with pytest.raises(ValueError, match="whole blocks"):
+        build_plan(a, 3, 4, "metis", interval_blocks=False)
 
 
 @pytest.mark.parametrize("method", ["metis", "hash"])

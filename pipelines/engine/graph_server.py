@@ -180,12 +180,14 @@ class GraphServer:
         return steps
 
     def _static_blocks(self) -> None:
+        # Interval blocks (None where the plan has none: every gather runs over the whole block); all intervals
+        # share one padded row count R.
         self.blocks, self.blocks_dev, self.rows_static = [], [], []
-        R = self.plan.intervals[0].block.shape[0]
+        R = self.rows_pad = int(self.plan.intervals[0].row_gids.size)
         for iv in self.plan.intervals:
             blk = iv.block
             self.blocks.append(blk)
-            self.blocks_dev.append(blk.to_device())
+            self.blocks_dev.append(None if blk is None else blk.to_device())
             n = iv.end - iv.start
             lab = np.zeros(R, np.int32)
             lab[:n] = self.labels[iv.start:iv.end]
@@ -307,7 +309,7 @@ class GraphServer:
                 self.x_cols = None  # no stage gathers the features again
         full, takers = entry
         iv = self.plan.intervals[i]
-        out = np.zeros((self.blocks[i].shape[0], *full.shape[1:]), np.float32)
+        out = np.zeros((self.rows_pad, *full.shape[1:]), np.float32)
         out[: iv.end - iv.start] = full[iv.start:iv.end]
         takers.add(i)
         if ps == -1:
@@ -461,7 +463,7 @@ class GraphServer:
                 tot = self._bwd_total(s, name, e)
                 if tot is None:
                     return None
-                g = np.zeros((self.blocks[i].shape[0], *tot.shape[1:]), np.float32)
+                g = np.zeros((self.rows_pad, *tot.shape[1:]), np.float32)
                 g[: iv.end - iv.start] = tot[iv.start:iv.end]
                 grads[name] = g
             elif (s, name) in ist.grads:
@@ -566,7 +568,7 @@ class GraphServer:
             iv = self.plan.intervals[i]
             n = iv.end - iv.start
             arrays = {k: v[:n] for k, v in arrays.items()}
-            meta = {**meta, "rows": int(self.blocks[i].shape[0])}
+            meta = {**meta, "rows": self.rows_pad}
         msg = Message(kind, e, s, i, self.partition, self.version_for(e), arrays=arrays,
                       meta={"model": self.spec, "attempt": 0, **meta})
         now = time.monotonic()
@@ -651,7 +653,7 @@ class GraphServer:
         ist.step += 1
 
     def _pad_rows(self, i: int, v: np.ndarray) -> np.ndarray:
-        R = self.blocks[i].shape[0]
+        R = self.rows_pad
         if v.shape[0] == R:
             return v
         out = np.zeros((R, *v.shape[1:]), v.dtype)
@@ -723,7 +725,7 @@ class GraphServer:
                 self._on_outputs(i, e, s, out)
                 return True
             blk = self.blocks[i]
-            arrays = {**inputs, "row_gids": blk.row_gids}
+            arrays = {**inputs, "row_gids": self.plan.intervals[i].row_gids}
             meta = {"seed": seed, **self._group_meta(e, s)}
             if st.kind == StageKind.AE:
                 arrays.update({k: getattr(blk, k) for k in BLOCK_ARRAYS})
@@ -764,7 +766,8 @@ class GraphServer:
             self._deposit_input_grads(i, e, s, gin)
             return True
         blk = self.blocks[i]
-        arrays = {**inputs, "row_gids": blk.row_gids, **{f"g_{k}": v for k, v in out_grads.items()}}
+        arrays = {**inputs, "row_gids": self.plan.intervals[i].row_gids,
+                  **{f"g_{k}": v for k, v in out_grads.items()}}
         if st.kind == StageKind.AE:
             arrays.update({k: getattr(blk, k) for k in BLOCK_ARRAYS})
         self._dispatch(TaskKind(f"{st.kind}_BWD"), i, e, s, arrays,

@@ -6,7 +6,7 @@ import dataclasses
 import numpy as np
 import scipy.sparse as sp
 
-from ops.sparse import Adjacency
+from ops.sparse import Adjacency, pad_ids
 from pipelines.config import ConfigError
 
 
@@ -80,7 +80,8 @@ class IntervalPlan:
     end: int
     cols: np.ndarray           # partition column-space indices the block reads (compact, padded with 0)
     num_cols: int
-    block: Adjacency           # host arrays, padded to the plan-wide (rows, cols, nnz)
+    block: Adjacency | None    # host arrays, padded to the plan-wide (rows, cols, nnz); None without blocks
+    row_gids: np.ndarray       # global id of each of the plan-wide padded rows, -1 on padding rows
 
 
 @dataclasses.dataclass
@@ -180,7 +181,8 @@ def _whole_pads(blocks: list, bucket: float | None) -> tuple[list[int], list[int
 
 
 def build_plan(a_norm: sp.csr_matrix, num_parts: int, num_intervals: int, method: str = "metis",
-               seed: int = 0, bucket: float | None = None, whole: bool = False) -> Plan:
+               seed: int = 0, bucket: float | None = None, whole: bool = False,
+               interval_blocks: bool = True) -> Plan:
     """Partition a normalized adjacency (with self-loops) and cut each partition into padded intervals.
 
     Each interval's block holds the in-edges of its rows (GA forward); its transpose, kept inside the block,
@@ -191,9 +193,15 @@ def build_plan(a_norm: sp.csr_matrix, num_parts: int, num_intervals: int, method
     padded to shapes shared as the intervals' are: an unweighted GA runs over it once per epoch instead of once
     per interval, reading the column store in place where each interval's block read a gathered copy of its
     columns (and its ∇GA summed the intervals' column gradients by a host scatter).
+    interval_blocks=False (with whole=True): the intervals keep only their rows (`IntervalPlan.block` is None),
+    for models whose every gather runs over the whole block (GCN, GraphSAGE): their blocks were a second copy of
+    the adjacency, with its transpose, and cost 22 bytes per entry (R-MAT at 2^20 vertices, P=4 x 4: 0.37 GB of
+    a 3.5 GB run).
     """
     if num_intervals < 1:
         raise ConfigError(f"intervals must be >= 1, got {num_intervals}")
+    if not (interval_blocks or whole):
+        raise ValueError("a plan without interval blocks needs the whole blocks (whole=True)")
     a = sp.csr_matrix(a_norm)
     n = a.shape[0]
     parts = assign(a, num_parts, method, seed)
@@ -215,20 +223,24 @@ def build_plan(a_norm: sp.csr_matrix, num_parts: int, num_intervals: int, method
         pos[colspace] = np.arange(colspace.size)
         blocks = []
         for i, (s, e) in enumerate(_chunks(sub.indptr, num_intervals)):
-            rows = sub[s:e]
-            cols_local = pos[rows.indices]
+            lo, hi = sub.indptr[s], sub.indptr[e]
+            cols_local = pos[sub.indices[lo:hi]]
             ucols = _distinct(cols_local, colspace.size)
+            if not interval_blocks:   # its sizes only: the stats (and the schedule simulator) count in them
+                blocks.append((i, s, e, None, ucols.size, hi - lo, None))
+                continue
             pos_u = np.empty(colspace.size, np.int32)
             pos_u[ucols] = np.arange(ucols.size, dtype=np.int32)
-            blk = sp.csr_matrix((rows.data, pos_u[cols_local], rows.indptr), shape=(e - s, ucols.size))
-            blocks.append((i, s, e, ucols, blk))
+            blk = sp.csr_matrix((sub.data[lo:hi], pos_u[cols_local], sub.indptr[s:e + 1] - lo),
+                                shape=(e - s, ucols.size))
+            blocks.append((i, s, e, ucols, ucols.size, hi - lo, blk))
         full = (sp.csr_matrix((sub.data, pos[sub.indices], sub.indptr), shape=(owned.size, colspace.size))
                 if whole else None)
         raw.append((p, owned, ghosts, blocks, full))
 
-    rows_pad = max(e - s for _, _, _, bl, _ in raw for _, s, e, _, _ in bl)
-    cols_pads = _ladder([max(u.size for _, _, _, u, _ in bl) for *_, bl, _ in raw])
-    nnz_pads = _ladder([max(b.nnz for *_, b in bl) for *_, bl, _ in raw])
+    rows_pad = max(e - s for *_, bl, _ in raw for _, s, e, *_ in bl)
+    cols_pads = _ladder([max(c for *_, c, _, _ in bl) for *_, bl, _ in raw])
+    nnz_pads = _ladder([max(z for *_, z, _ in bl) for *_, bl, _ in raw])
     if bucket is not None:
         rows_pad = bucket_size(rows_pad, bucket)
         cols_pads = [bucket_size(c, bucket) for c in cols_pads]
@@ -240,13 +252,17 @@ def build_plan(a_norm: sp.csr_matrix, num_parts: int, num_intervals: int, method
         colspace = np.concatenate([owned, ghosts])
         ghost_owner = parts[ghosts].astype(np.int32)
         intervals = []
-        for j, (i, s, e, ucols, blk) in enumerate(blocks):
+        for j, (i, s, e, ucols, ncols, _, blk) in enumerate(blocks):
+            if blk is None:
+                intervals.append(IntervalPlan(i, s, e, np.zeros(0, np.int64), int(ncols), None,
+                                              pad_ids(owned[s:e], rows_pad)))
+                continue
             block = Adjacency.from_scipy(blk, row_gids=owned[s:e], col_gids=colspace[ucols], nnz_pad=nnz_pads[p],
                                          rows_pad=rows_pad, cols_pad=cols_pads[p])
             blocks[j] = None  # the scipy block is not needed once padded: the plan never holds both
             cols = np.zeros(cols_pads[p], np.int64)
             cols[: ucols.size] = ucols
-            intervals.append(IntervalPlan(i, s, e, cols, int(ucols.size), block))
+            intervals.append(IntervalPlan(i, s, e, cols, int(ucols.size), block, block.row_gids))
         recv = {int(q): np.flatnonzero(ghost_owner == q) for q in np.unique(ghost_owner)}
         block = None
         if full is not None:
@@ -273,6 +289,7 @@ def build_plan(a_norm: sp.csr_matrix, num_parts: int, num_intervals: int, method
         "nnz_pad": nnz_pad,
         "nnz_pads": nnz_pads,
         "cols_pads": cols_pads,
-        "padding_overhead": float(num_intervals * sum(nnz_pads) / a.nnz),
+        "padding_overhead": float(num_intervals * sum(nnz_pads) / a.nnz),  # as if every interval had a block
+        "interval_blocks": bool(interval_blocks),
     }
     return Plan(parts, plans, rows_pad, cols_pad, nnz_pad, stats)

@@ -69,7 +69,8 @@ def run_context(cfg: TrainConfig, graph: Graph, bucket: float | None = None) -> 
     model = spec.build()
     x, a = model_inputs(cfg, graph)
     whole = any(models.runs_whole(st) for st in model.stages)
-    plan = build_plan(a, cfg.partitions, cfg.intervals, cfg.partitioner, cfg.seed, bucket=bucket, whole=whole)
+    plan = build_plan(a, cfg.partitions, cfg.intervals, cfg.partitioner, cfg.seed, bucket=bucket, whole=whole,
+                      interval_blocks=not whole or models.needs_interval_blocks(model.stages))
     params = model.init(jax.random.PRNGKey(cfg.seed))
     tx = make_optimizer(cfg.lr, cfg.weight_decay, model.decay_mask(params))
     param_stages = [s.name for s in model.stages if s.has_params]
