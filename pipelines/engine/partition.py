@@ -196,7 +196,7 @@ def build_plan(a_norm: sp.csr_matrix, num_parts: int, num_intervals: int, method
     interval_blocks=False (with whole=True): the intervals keep only their rows (`IntervalPlan.block` is None),
     for models whose every gather runs over the whole block (GCN, GraphSAGE): their blocks were a second copy of
     the adjacency, with its transpose, and cost 22 bytes per entry (R-MAT at 2^20 vertices, P=4 x 4: 0.37 GB of
-    a 3.5 GB run).
+    arrays; with their construction's transients, the run's peak went from 3.50 to 2.75 GiB without them).
     """
     if num_intervals < 1:
         raise ConfigError(f"intervals must be >= 1, got {num_intervals}")
