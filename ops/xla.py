@@ -1,10 +1,13 @@
-"""XLA compilation for every jitted kernel here: `jit` is `jax.jit` with the CPU compiler options below."""
+"""XLA compilation for every jitted kernel here (`jit` is `jax.jit` with the CPU compiler options below) and
+`to_device`, which hands XLA a host array without copying it."""
 from __future__ import annotations
 
 import functools
 
 import jax
 import jax.numpy as jnp
+
+from ops.host import aligned
 
 #: XLA's CPU backend (jaxlib 0.10) hands dot, reduce and elementwise fusions to YNNPACK by default. Its reduce
 #: over a short minor axis is pathologically slow: sum(x * y, -1) over [169343, 1, 40] takes 70 ms against 2.8 ms
@@ -34,3 +37,11 @@ def jit(fun=None, **kwargs):
     if opts:
         kwargs = {**kwargs, "compiler_options": {**opts, **(kwargs.get("compiler_options") or {})}}
     return jax.jit(fun, **kwargs)
+
+
+def to_device(a) -> jax.Array:
+    """A device array of host array `a`; on the CPU backend it is `a`'s memory (copied once into an aligned
+    buffer when `a` is not aligned: `ops.host`), so `a` must not be written afterwards."""
+    if isinstance(a, jax.Array):
+        return a
+    return jax.device_put(aligned(a), may_alias=True)

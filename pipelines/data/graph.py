@@ -8,6 +8,8 @@ import dataclasses
 import numpy as np
 import scipy.sparse as sp
 
+from ops.host import host_empty
+
 
 class DataError(ValueError):
     """A graph input (file, array, flag) is wrong; the message names the problem."""
@@ -183,8 +185,8 @@ def gcn_normalize(adj: sp.csr_matrix) -> sp.csr_matrix:
     indptr = np.zeros(n + 1, itype)
     np.cumsum(counts + 1, out=indptr[1:])
     dinv = 1.0 / np.sqrt(counts.astype(np.float64) + 1.0)
-    indices = np.empty(nnz, itype)
-    data = np.empty(nnz, np.float32)
+    indices = host_empty(nnz, itype)   # aligned: the device graph uses Â's arrays in place
+    data = host_empty(nnz, np.float32)
     below = np.zeros(n, itype)   # entries left of the diagonal, per row
     for lo, hi in _row_chunks(a.indptr, ENTRY_CHUNK):
         s, e = int(a.indptr[lo]), int(a.indptr[hi])
@@ -273,8 +275,8 @@ def permute_symmetric(a: sp.csr_matrix, perm: np.ndarray) -> sp.csr_matrix:
     itype = a.indices.dtype
     indptr = np.zeros(n + 1, a.indptr.dtype)
     np.cumsum(counts, out=indptr[1:])
-    indices = np.empty(a.nnz, itype)
-    data = np.empty(a.nnz, a.data.dtype)
+    indices = host_empty(a.nnz, itype)
+    data = host_empty(a.nnz, a.data.dtype)
     starts = a.indptr[perm]
     for lo, hi in _row_chunks(indptr, ENTRY_CHUNK):
         s, e = int(indptr[lo]), int(indptr[hi])

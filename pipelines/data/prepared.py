@@ -19,6 +19,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import scipy.sparse as sp
 
+from ops.host import host_zeros
 from pipelines.data.features import FeatureStats, norm_from_stats
 from pipelines.data.graph import DataError, clean_adjacency, make_graph, release_free_memory
 from pipelines.data.registry import sha256_file
@@ -257,15 +258,22 @@ def _adjacency_from_shards(root, manifest: dict, n: int, verify: bool) -> sp.csr
         fill[heads] += runs
     if not np.array_equal(fill, indptr[1:]):
         raise ShardError(f"{root}: the edge shards changed while they were read")
-    a = sp.csr_matrix((np.ones(nnz, np.float32), indices, indptr), shape=(n, n))
-    a.sort_indices()   # in place; a no-op on shards written by prepare (sorted by (dst, src))
+    # The binary adjacency's values are one read-only 1.0 seen nnz times (stride 0), not 4 bytes per entry: the
+    # Graph's adjacency is read, never written, and every consumer (normalization, partitioning) builds its own
+    ones = np.broadcast_to(np.float32(1.0), (nnz,))
+    a = sp.csr_matrix((ones, indices, indptr), shape=(n, n))
+    if not a.has_sorted_indices:   # shards written by prepare are sorted by (dst, src): this is for others
+        a.data = np.ones(nnz, np.float32)
+        a.sort_indices()
+        a.data = ones
+    a.has_sorted_indices = True
     return a
 
 
 def _vertex_arrays_streamed(root, manifest: dict, n: int, verify: bool):
     """(features [N, F] float32, labels [N] int32, (train, val, test) masks), each shard's rows placed by id."""
     f = int(manifest.get("feature_dim", 0))
-    features = np.zeros((n, f), np.float32)
+    features = host_zeros((n, f), np.float32)   # aligned: the device uses it in place (`ops.host`)
     labels = np.full(n, -1, np.int32)
     split = np.full(n, SPLIT_CODES["none"], np.int8)
     seen = np.zeros(n, bool)
