@@ -223,7 +223,8 @@ def run_stage(stage: Stage, params: dict, state: dict, adj: sparse.Adjacency, se
 
     state holds "h" (and "s_src"/"s_dst"/"alpha" for GAT). For GA and AE the column-indexed tensors cover the
     block's columns (owned and ghost vertices); everything else covers its rows. `seed` (uint32) keys dropout;
-    None disables it (evaluation).
+    None disables it (evaluation). adj may be a `sparse.Partitioned` whole graph: an unweighted GA then runs
+    block by block (the engine's evaluation over its graph servers' blocks).
     """
     if stage.kind == StageKind.AV:
         rate = stage.rate if seed is not None else 0.0
@@ -237,6 +238,10 @@ def run_stage(stage: Stage, params: dict, state: dict, adj: sparse.Adjacency, se
         return {"alpha": alpha}
     if stage.kind == StageKind.GA:
         h = state["h"]
+        if isinstance(adj, sparse.Partitioned):
+            if stage.weighted:
+                raise ValueError("a weighted GA reads per-edge values of one block: it cannot run partitioned")
+            return {"h": adj.gather_each(lambda b, hc: run_stage(stage, params, {"h": hc}, b, seed)["h"], h)}
         if stage.weighted:
             out = sparse.gather_weighted(adj, state["alpha"], h)
             return {"h": out.reshape(out.shape[0], -1) if stage.concat_heads else out}
@@ -315,7 +320,7 @@ def forward(model: Model, params: dict, adj: sparse.Adjacency, x: jax.Array | Ag
             j = i + 1
             while stages[j].kind == StageKind.AV:   # a run of AV stages: row-local, one blocked chain
                 j += 1
-            state = {**state, **_av_chain(model, stages[i:j], params, state["h"], adj, seeds)}
+            state = {**state, **_av_chain(model, stages[i:j], params, state["h"], adj.row_gids, seeds)}
             i = j
             continue
         state = {**state, **run_stage(st, params, state, adj, seed)}
@@ -323,7 +328,62 @@ def forward(model: Model, params: dict, adj: sparse.Adjacency, x: jax.Array | Ag
     raise ValueError("model has no LOSS stage")
 
 
-def _av_chain(model: Model, chain: tuple[Stage, ...], params: dict, h: jax.Array, adj: sparse.Adjacency,
+def forward_staged(model: Model, params: dict, adj, x: jax.Array | Aggregated) -> jax.Array:
+    """`forward` without dropout as a sequence of jitted pieces (each run of AV stages, each GA, per block of a
+    `sparse.Partitioned` graph, the LOSS prologue) instead of one program: between pieces only the current
+    vertex rows are alive. For models of AV, unweighted GA and LOSS stages (GCN, GraphSAGE); returns logits."""
+    stages = model.stages
+    i = 0
+    if isinstance(x, Aggregated):
+        x, i = x.h, x.done
+    h = x
+    while i < len(stages):
+        st = stages[i]
+        if st.kind == StageKind.LOSS:
+            return _logits_jit(st, params, h)
+        if st.kind == StageKind.AV:
+            j = i + 1
+            while stages[j].kind == StageKind.AV:
+                j += 1
+            h = _av_chain_jit(model, stages[i:j], params, h, adj.row_gids)
+            i = j
+            continue
+        if st.kind != StageKind.GA or st.weighted:
+            raise ValueError(f"a staged forward runs AV, unweighted GA and LOSS stages, not {st.kind} {st.name}")
+        if isinstance(adj, sparse.Partitioned):
+            out = None
+            for b, c, r in zip(adj.blocks, adj.col_ids, adj.row_ids):
+                o = _block_stage(st, b, h, c)
+                out = jnp.zeros((adj.num_rows, *o.shape[1:]), o.dtype) if out is None else out
+                out = _set_rows(out, r, o)
+            h = out
+        else:
+            h = _constant_stage(st, adj, h)
+        i += 1
+    raise ValueError("model has no LOSS stage")
+
+
+@xla.jit(static_argnums=0)
+def _logits_jit(stage: Stage, params: dict, h: jax.Array) -> jax.Array:
+    return logits_of(stage, params, h)
+
+
+@xla.jit(static_argnums=(0, 1))
+def _av_chain_jit(model: Model, chain: tuple[Stage, ...], params: dict, h: jax.Array, row_gids) -> jax.Array:
+    return _av_chain(model, chain, params, h, row_gids, None)["h"]
+
+
+@xla.jit(static_argnums=0)
+def _block_stage(stage: Stage, block: sparse.Adjacency, h: jax.Array, cols: jax.Array) -> jax.Array:
+    return run_stage(stage, {}, {"h": jnp.take(h, cols, axis=0)}, block, None)["h"]
+
+
+@functools.partial(xla.jit, donate_argnums=0)
+def _set_rows(out: jax.Array, rows: jax.Array, values: jax.Array) -> jax.Array:
+    return out.at[rows].set(values, mode="drop")
+
+
+def _av_chain(model: Model, chain: tuple[Stage, ...], params: dict, h: jax.Array, row_gids,
               seeds) -> dict:
     """Consecutive AV stages over all rows, block by block (`dense.row_blocked`): the same values as running
     them one by one, without N-row intermediates kept for the backward. The input needs no gradient when it
@@ -341,7 +401,7 @@ def _av_chain(model: Model, chain: tuple[Stage, ...], params: dict, h: jax.Array
         return state
 
     sub = {st.name: params[st.name] for st in chain}
-    return dense.row_blocked(fn, sub, h, adj.row_gids, seeds, need_dx=need_dx)
+    return dense.row_blocked(fn, sub, h, row_gids, seeds, need_dx=need_dx)
 
 
 def _attend(ae: Stage, ga: Stage, state: dict, adj: sparse.Adjacency, seed) -> dict:

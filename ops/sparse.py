@@ -7,6 +7,9 @@ import numpy as np
 import scipy.sparse as sp
 from jax.experimental import sparse as jsparse
 
+from ops.host import aligned, host_empty, host_zeros
+from ops.xla import to_device
+
 
 @jax.tree_util.register_pytree_node_class
 class Adjacency:
@@ -95,47 +98,95 @@ class Adjacency:
         if symmetric and (r != c or rp != r or cp != c or npad != nnz):
             raise ValueError("a symmetric adjacency is square and unpadded")
         itype = np.int64 if npad > np.iinfo(np.int32).max else np.int32
-        if npad == nnz:   # no padding: the CSR's own arrays (no copy when they already have the dtypes)
-            data = np.asarray(a.data, np.float32)
-            indices = np.asarray(a.indices, itype)
+        if npad == nnz:   # no padding: the CSR's own arrays (no copy when they have the dtypes and are aligned)
+            data = aligned(a.data, np.float32)
+            indices = aligned(a.indices, itype)
         else:
-            data = np.zeros(npad, np.float32)
+            data = host_zeros(npad, np.float32)
             data[:nnz] = a.data
-            indices = np.zeros(npad, itype)
+            indices = host_zeros(npad, itype)
             indices[:nnz] = a.indices
-        indptr = np.empty(rp + 1, itype)
+        indptr = host_empty(rp + 1, itype)
         indptr[: r + 1] = a.indptr
         # Padding entries sit in the last padded row (or the last real row) with value 0 at column 0.
         indptr[r + 1:] = nnz
         indptr[-1] = npad
-        rg = np.arange(rp, dtype=np.int32) if row_gids is None else pad_ids(row_gids, rp)
+        rg = aligned(np.arange(rp, dtype=np.int32)) if row_gids is None else pad_ids(row_gids, rp)
         cg = None if symmetric and col_gids is None else (
-            np.arange(cp, dtype=np.int32) if col_gids is None else pad_ids(col_gids, cp))
+            aligned(np.arange(cp, dtype=np.int32)) if col_gids is None else pad_ids(col_gids, cp))
         if symmetric:
             return cls(data, indices, indptr, _row_ids(indptr) if edge_rows else None, None, None, None,
                        rg, rg if cg is None else cg, shape=(rp, cp), symmetric=True)
         row_ids = _row_ids(indptr)
-        order = np.lexsort((row_ids, indices)).astype(itype)  # transpose order: by column, then row
-        t_indptr = np.zeros(cp + 1, itype)
+        order = aligned(np.lexsort((row_ids, indices)), itype)  # transpose order: by column, then row
+        t_indptr = host_zeros(cp + 1, itype)
         np.cumsum(np.bincount(indices, minlength=cp), out=t_indptr[1:])
-        t_indices = row_ids[order]
+        t_indices = aligned(row_ids[order])
         return cls(data, indices, indptr, row_ids if edge_rows in (None, True) else None, t_indices, t_indptr,
                    order, rg, cg, shape=(rp, cp))
 
     def to_device(self) -> "Adjacency":
-        """The block as device arrays. On the CPU backend they alias the host arrays (no second copy of the
-        adjacency: `jnp.asarray` copies, `device_put(may_alias=True)` does not); elsewhere they are copies."""
-        return jax.tree_util.tree_map(
-            lambda a: jax.device_put(a, may_alias=True) if isinstance(a, np.ndarray) else jnp.asarray(a), self)
+        """The block as device arrays. On the CPU backend they are the host arrays' memory (`from_scipy` builds
+        them aligned, `ops.xla.to_device`), so the adjacency is held once; elsewhere they are copies."""
+        return jax.tree_util.tree_map(to_device, self)
+
+
+@jax.tree_util.register_pytree_node_class
+class Partitioned:
+    """All vertices' rows as P partition blocks (the engine's whole-partition `Adjacency` blocks, already on the
+    device): a gather over it runs block by block and writes each block's rows back in vertex order, so a
+    whole-graph pass reads the blocks the graph servers hold instead of a second copy of Â.
+
+    col_ids[p]: the vertex each column of block p reads (padding columns read vertex 0; no entry names them);
+    row_ids[p]: the vertex of each row (padding rows name `num_rows` and are dropped). Row-local work runs on
+    all `num_rows` rows at once, in vertex order (`row_gids`)."""
+
+    def __init__(self, blocks, col_ids, row_ids, num_rows: int):
+        self.blocks, self.col_ids, self.row_ids = tuple(blocks), tuple(col_ids), tuple(row_ids)
+        self.num_rows = int(num_rows)
+
+    @classmethod
+    def from_blocks(cls, blocks, num_rows: int) -> "Partitioned":
+        """From blocks whose row and column global ids are padded with -1 (`Adjacency.from_scipy`'s)."""
+        cols = [to_device(np.where(np.asarray(b.col_gids) < 0, 0, np.asarray(b.col_gids)).astype(np.int32))
+                for b in blocks]
+        rows = [to_device(np.where(np.asarray(b.row_gids) < 0, num_rows, np.asarray(b.row_gids)).astype(np.int32))
+                for b in blocks]
+        return cls(blocks, cols, rows, num_rows)
+
+    def tree_flatten(self):
+        return (self.blocks, self.col_ids, self.row_ids), self.num_rows
+
+    @classmethod
+    def tree_unflatten(cls, num_rows, children):
+        return cls(*children, num_rows=num_rows)
+
+    @property
+    def row_gids(self) -> jax.Array:
+        return jnp.arange(self.num_rows, dtype=jnp.int32)
+
+    def gather_each(self, fn, h: jax.Array) -> jax.Array:
+        """fn(block, h at the block's columns) -> the block's rows, for every block, as one [num_rows, ...]
+        array in vertex order."""
+        out = None
+        for b, c, r in zip(self.blocks, self.col_ids, self.row_ids):
+            o = fn(b, jnp.take(h, c, axis=0))
+            if out is None:
+                out = jnp.zeros((self.num_rows, *o.shape[1:]), o.dtype)
+            out = out.at[r].set(o, mode="drop")  # block by block: one block's gathered columns live at a time
+        return out
 
 
 def _row_ids(indptr: np.ndarray) -> np.ndarray:
-    return np.repeat(np.arange(indptr.size - 1, dtype=indptr.dtype), np.diff(indptr))
+    out = host_empty(int(indptr[-1]), indptr.dtype)
+    out[...] = np.repeat(np.arange(indptr.size - 1, dtype=indptr.dtype), np.diff(indptr))
+    return out
 
 
 def pad_ids(ids, n):
     """int32 ids padded to n entries with -1 (padding rows and columns have no vertex)."""
-    out = np.full(n, -1, np.int32)
+    out = host_empty(n, np.int32)
+    out.fill(-1)
     ids = np.asarray(ids, np.int32)
     out[: ids.size] = ids
     return out

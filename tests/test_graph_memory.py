@@ -81,3 +81,50 @@ def test_hub_ordered_training_equals_the_plain_order(skewed, model, monkeypatch)
     for stage, p in plain.params.items():
         for name, w in p.items():
             np.testing.assert_allclose(ordered.params[stage][name], w, rtol=1e-4, atol=1e-6)
+
+
+def test_host_buffers_are_aligned_and_the_device_uses_them_in_place():
+    from ops import host, xla
+    for shape, dtype in (((1000, 33), np.float32), (7, np.int32), ((0, 4), np.float32)):
+        a = host.host_zeros(shape, dtype)
+        assert a.shape == (shape if isinstance(shape, tuple) else (shape,)) and a.dtype == dtype and not a.any()
+        assert (a.size == 0 or a.ctypes.data % host.ALIGNMENT == 0) and a.flags.c_contiguous
+    a = host.host_empty((4096, 16))
+    a[:] = 1.5
+    assert host.aligned(a) is a
+    d = xla.to_device(a)
+    assert np.asarray(d).ctypes.data == a.ctypes.data   # no copy on the CPU backend
+    odd = np.ones(4097, np.float64)[1:]                  # 8 bytes past an allocation: not 64-byte aligned
+    b = host.aligned(odd, np.float32)
+    assert b.dtype == np.float32 and b.ctypes.data % host.ALIGNMENT == 0 and np.array_equal(b, odd)
+
+
+def test_an_adjacency_block_is_held_once_on_the_device(skewed):
+    a = G.gcn_normalize(skewed.adj)
+    for blk in (sparse.Adjacency.from_scipy(a, symmetric=True),
+                sparse.Adjacency.from_scipy(a[:100], nnz_pad=a[:100].nnz + 5, rows_pad=128)):
+        dev = blk.to_device()
+        for k in ("data", "indices", "indptr"):
+            assert np.asarray(getattr(dev, k)).ctypes.data == getattr(blk, k).ctypes.data, k
+
+
+@pytest.mark.parametrize("model,order", [("gcn", "auto"), ("gcn", "ga-first"), ("sage", "auto")])
+def test_a_staged_partitioned_evaluation_equals_the_whole_graph_one(skewed, model, order):
+    from ops import models
+    from ops.spec import ModelSpec
+    from pipelines.engine.partition import build_plan
+    cfg = TrainConfig(model=model, order=order, hidden=8).resolved()
+    m = ModelSpec.for_graph(cfg, skewed).build()
+    params = m.init(jax.random.PRNGKey(1))
+    x, a = epochs.model_inputs(cfg, skewed)
+    whole = sparse.Adjacency.from_scipy(a, symmetric=True).to_device()
+    want = models.forward(m, params, whole, jnp.asarray(x), None)
+    plan = build_plan(a, 3, 2, "hash", whole=True, interval_blocks=False)
+    parts = sparse.Partitioned.from_blocks([pp.block.to_device() for pp in plan.partitions], skewed.num_nodes)
+    for adj in (whole, parts):
+        xin = models.constant_prefix(m, adj, jnp.asarray(x))
+        np.testing.assert_allclose(models.forward_staged(m, params, adj, xin), want, rtol=2e-5, atol=2e-6)
+    np.testing.assert_allclose(models.forward(m, params, parts, jnp.asarray(x), None), want, rtol=2e-5, atol=2e-6)
+    gat = ModelSpec.for_graph(TrainConfig(model="gat").resolved(), skewed).build()
+    with pytest.raises(ValueError, match="staged forward runs"):
+        models.forward_staged(gat, gat.init(jax.random.PRNGKey(0)), whole, jnp.asarray(x))
