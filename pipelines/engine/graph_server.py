@@ -19,8 +19,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from ops import models
+from ops.host import host_empty, host_zeros
 from ops.optim import dropout_seeds
 from ops.tasks import BLOCK_ARRAYS, ROW_LOCAL_KINDS, backward_fn, forward_fn, gather_transpose_fn
+from ops.xla import to_device
 from pipelines.engine.spans import clock
 from pipelines.engine.messages import EngineError, check_routing
 from pipelines.engine.param_server import weight_version
@@ -58,10 +60,11 @@ class GraphServer:
 
     transport: its channels; plan: the partition's `PartitionPlan` (owned rows, ghosts, intervals); model /
     model_spec: the model and its `ops.spec.ModelSpec` JSON (sent with every tensor task); features: all
-    vertices' features (it keeps its column space); labels / train_mask: of its owned vertices; num_partitions:
-    graph servers in the run; staleness: S, or None for synchronous; epochs: how many it runs; seed: dropout
-    seeds; loss_scale: 1 / training vertices of the whole graph; straggler_k / straggler_min_s: relaunch a task
-    after max(min_s, k x the p90 time of its kind) (`straggler_limit`); start_epoch: where a resumed run starts."""
+    vertices' features (read, not copied, but for a column space a GA gathers); labels / train_mask: of its
+    owned vertices; num_partitions: graph servers in the run; staleness: S, or None for synchronous; epochs:
+    how many it runs; seed: dropout seeds; loss_scale: 1 / training vertices of the whole graph; straggler_k /
+    straggler_min_s: relaunch a task after max(min_s, k x the p90 time of its kind) (`straggler_limit`);
+    start_epoch: where a resumed run starts."""
 
     def __init__(self, transport, plan, model: models.Model, model_spec: dict, *, features: np.ndarray,
                  labels: np.ndarray, train_mask: np.ndarray, num_partitions: int, staleness: int | None,
@@ -95,23 +98,24 @@ class GraphServer:
         # Which (producer stage, tensor) pairs are read at columns, and by which stage.
         self.col_reads: dict[tuple[int, str], int] = {}
         self.row_consumers: dict[tuple[int, str], list[int]] = collections.defaultdict(list)
+        self._col_readers: dict[tuple[int, str], int] = collections.Counter()
         for st in self.stages:
             for name, where in models.reads(st).items():
                 ps = self.producers[st.index][name]
                 if where == "cols":
                     self.col_reads[(ps, name)] = st.index
+                    self._col_readers[(ps, name)] += 1
                 else:
                     self.row_consumers[(ps, name)].append(st.index)
-        # The input features: over the column space where a stage gathers them (ghosts too), else the owned rows
-        # only. A GA over them alone runs once per interval (`_static_ga`); once every interval has run it, the
-        # columns are dropped (at 2^20 R-MAT vertices and P=4 they were 15 bytes per edge).
+        # The input features over the column space where a stage gathers them (ghosts too). A GA over them alone
+        # runs once per interval (`_static_ga`); once every interval has run it, the columns are dropped (at 2^20
+        # R-MAT vertices and P=4 they were 15 bytes per edge).
         self._feature_col_stages = {st for (ps, _), st in self.col_reads.items() if ps == -1}
-        self.x_cols = np.ascontiguousarray(features[colspace if self._feature_col_stages else plan.owned])
-        self._features_at_rows = any(where == "rows" and self.producers[st.index][name] == -1
-                                     for st in self.stages for name, where in models.reads(st).items())
+        self.x_cols = np.ascontiguousarray(features[colspace]) if self._feature_col_stages else None
+        # A stage reading the features at rows gets them gathered from `features` per task (`_feature_rows`):
+        # a copy of the partition's rows was as large as the features themselves (R-MAT 2^20, P=4: 132 MB)
+        self.features = features
         self._static_blocks()
-        if not self._feature_col_stages:
-            self.x_cols = None  # the rows' copies in rows_static are all that is read
         # Unweighted GA stages run over the partition's whole block (`build_plan(whole=True)`) once per epoch;
         # each interval takes its rows of the result, and ∇GA runs once all intervals gave their row gradients.
         self.whole_dev = plan.block.to_device() if plan.block is not None else None
@@ -131,6 +135,7 @@ class GraphServer:
         self.bwd_remote = collections.defaultdict(lambda: collections.defaultdict(dict))  # (ps,name)->e->q->rows
         self.bwd_wm = collections.defaultdict(lambda: {q: -1 for q in plan.send})
         self.bwd_total = collections.defaultdict(dict)   # (ps, name) -> e -> owned-row gradient
+        self._bwd_takers: dict[tuple, set] = {}          # (ps, name, e) -> intervals that took their bwd_total rows
         self.ghost_pred = collections.defaultdict(dict)  # (ps, name) -> e -> ghost rows extrapolated to epoch e
         self.ghost_ema = collections.defaultdict(dict)   # (ps, name) -> e_ghost -> (sum, weight, EMA of ghost rows)
         self.global_wm = collections.defaultdict(set)  # (dir, stage, epoch) -> partitions that finished it
@@ -189,15 +194,11 @@ class GraphServer:
             self.blocks.append(blk)
             self.blocks_dev.append(None if blk is None else blk.to_device())
             n = iv.end - iv.start
-            lab = np.zeros(R, np.int32)
+            lab = host_zeros(R, np.int32)
             lab[:n] = self.labels[iv.start:iv.end]
-            msk = np.zeros(R, bool)
+            msk = host_zeros(R, bool)
             msk[:n] = self.train_mask[iv.start:iv.end]
-            row = {"labels": lab, "mask": msk}
-            if self._features_at_rows:
-                row["x"] = np.zeros((R, self.x_cols.shape[1]), np.float32)
-                row["x"][:n] = self.x_cols[iv.start:iv.end]
-            self.rows_static.append(row)
+            self.rows_static.append({"labels": lab, "mask": msk})
 
     # ------------------------------------------------------------------------------------------------ helpers
     def version_for(self, e: int) -> int:
@@ -250,7 +251,8 @@ class GraphServer:
         iv = self.plan.intervals[i]
         if ps == -1:
             if i not in self._static_cols:  # the input features never change: gather them once
-                self._static_cols[i] = jnp.asarray(self.x_cols[iv.cols])
+                cols = host_empty((iv.cols.size, *self.x_cols.shape[1:]), self.x_cols.dtype)
+                self._static_cols[i] = to_device(np.take(self.x_cols, iv.cols, axis=0, out=cols))
             return self._static_cols[i]
         e_ghost = self._col_gate(e, ps, name)
         if e_ghost is None:
@@ -260,7 +262,7 @@ class GraphServer:
             return own[iv.cols]
         self.max_staleness = max(self.max_staleness, e - e_ghost)
         # Owned columns from epoch e, ghost columns from epoch e - S: two gathers, no copy of the whole store.
-        out = np.empty((iv.cols.size, *own.shape[1:]), own.dtype)
+        out = host_empty((iv.cols.size, *own.shape[1:]), own.dtype)
         own_pos, ghost_pos = self._col_split[i]
         out[own_pos] = own[iv.cols[own_pos]]
         out[ghost_pos] = self._ghost_values(ps, name, e, e_ghost)[iv.cols[ghost_pos] - self.n_own]
@@ -276,14 +278,16 @@ class GraphServer:
             if e_ghost is None:
                 return None
             src = self.fwd[(ps, name)][e]
-        view = np.zeros((self.whole_dev.shape[1], *src.shape[1:]), np.float32)
+        if e_ghost == e and src.shape[0] == self.whole_dev.shape[1]:
+            return to_device(src)  # the store is padded to the block's columns: read in place
+        view = host_zeros((self.whole_dev.shape[1], *src.shape[1:]), np.float32)
         if e_ghost == e:
-            view[: self.n_cols] = src
+            view[: self.n_cols] = src[: self.n_cols]
         else:
             self.max_staleness = max(self.max_staleness, e - e_ghost)
             view[: self.n_own] = src[: self.n_own]
             view[self.n_own: self.n_cols] = self._ghost_values(ps, name, e, e_ghost)
-        return jax.device_put(view, may_alias=True)
+        return to_device(view)
 
     def _whole_forward(self, i: int, e: int, s: int) -> dict | None:
         """Interval i's rows of GA stage s over the whole block: the first interval to ask computes it for all
@@ -304,12 +308,15 @@ class GraphServer:
             self.busy_s[TaskKind.GA] += t1 - t0
             self._span(TaskKind.GA, e, -1, t0, t1, detail={"stage": s})
             entry = self._whole_out[key] = [full, set()]
+            if ps != -1 and self.staleness == 0 and self._col_readers[(ps, "h")] == 1:
+                # no later epoch reads this epoch's columns (S = 0), and SC sent the rows others ghost
+                self.fwd[(ps, "h")].pop(e, None)
             if ps == -1 and all((k, -1) in self._whole_out or any(key[1] == k for key in self._static_ga)
                                 for k in self._feature_col_stages):
                 self.x_cols = None  # no stage gathers the features again
         full, takers = entry
         iv = self.plan.intervals[i]
-        out = np.zeros((self.rows_pad, *full.shape[1:]), np.float32)
+        out = host_zeros((self.rows_pad, *full.shape[1:]), np.float32)
         out[: iv.end - iv.start] = full[iv.start:iv.end]
         takers.add(i)
         if ps == -1:
@@ -326,7 +333,7 @@ class GraphServer:
         iv = self.plan.intervals[i]
         entry = self._whole_grad.get((s, e))
         if entry is None:
-            entry = self._whole_grad[(s, e)] = [np.zeros((self.whole_dev.shape[0], *g.shape[1:]), np.float32),
+            entry = self._whole_grad[(s, e)] = [host_zeros((self.whole_dev.shape[0], *g.shape[1:]), np.float32),
                                                 set()]
         entry[0][iv.start:iv.end] = g[: iv.end - iv.start]
         entry[1].add(i)
@@ -335,7 +342,7 @@ class GraphServer:
         del self._whole_grad[(s, e)]
         t0 = clock()
         total = gather_transpose_fn(self.stages[s].aggregator)(self.whole_dev,
-                                                                jax.device_put(entry[0], may_alias=True))
+                                                                to_device(entry[0]))
         total = np.asarray(total)[: self.n_cols]
         self.busy_s[TaskKind.GA_BWD] += clock() - t0
         self._span(TaskKind.GA_BWD, e, -1, t0, detail={"stage": s})
@@ -348,10 +355,10 @@ class GraphServer:
         if self.mode in (StalenessMode.SMOOTH, StalenessMode.SMOOTH_ZERO):
             return self._ghost_ema(ps, name, e_ghost)
         if self.mode is not StalenessMode.PREDICT or e_ghost - 1 < self.start_epoch:
-            return st[e_ghost][self.n_own:]
+            return st[e_ghost][self.n_own:self.n_cols]
         pred = self.ghost_pred[(ps, name)]
         if e not in pred:  # once per epoch, from two fixed versions: deterministic
-            new, old = st[e_ghost][self.n_own:], st[e_ghost - 1][self.n_own:]
+            new, old = st[e_ghost][self.n_own:self.n_cols], st[e_ghost - 1][self.n_own:self.n_cols]
             pred[e] = new + (e - e_ghost) * (new - old)
         return pred[e]
 
@@ -369,7 +376,7 @@ class GraphServer:
         ema = self.ghost_ema[(ps, name)]
         if e_ghost in ema:
             return ema[e_ghost][2]
-        v = self.fwd[(ps, name)][e_ghost][self.n_own:]
+        v = self.fwd[(ps, name)][e_ghost][self.n_own:self.n_cols]
         if e_ghost == self.start_epoch:
             s, w = v.copy(), 1.0
         elif e_ghost - 1 in ema:
@@ -390,8 +397,14 @@ class GraphServer:
     def _ensure_store(self, ps: int, name: str, e: int, width: tuple) -> np.ndarray:
         st = self.fwd[(ps, name)]
         if e not in st:
-            st[e] = np.zeros((self.n_cols, *width), np.float32)
+            # padded to the whole block's columns where a whole GA reads it, so that GA reads it in place
+            whole = self.whole_dev is not None and self._whole_reads(ps, name)
+            rows = self.whole_dev.shape[1] if whole else self.n_cols
+            st[e] = host_zeros((rows, *width), np.float32)
         return st[e]
+
+    def _whole_reads(self, ps: int, name: str) -> bool:
+        return (ps, name) in self.col_reads and self.col_reads[(ps, name)] in self._whole_stages
 
     # ------------------------------------------------------------------------------------------------ forward
     def _inputs(self, i: int, e: int, s: int) -> dict | None:
@@ -406,9 +419,17 @@ class GraphServer:
                     return None
                 out[name] = v
             elif where == "rows":
-                out[name] = self.rows_static[i]["x"] if ps == -1 else ist.rows[name]
+                out[name] = self._feature_rows(i) if ps == -1 else ist.rows[name]
             else:
                 out[name] = ist.rows[name]
+        return out
+
+    def _feature_rows(self, i: int) -> np.ndarray:
+        """Interval i's rows of the input features, padded to R rows. Read once per epoch (the forward task;
+        its backward reads the saved inputs), so a gather costs less than holding the partition's rows."""
+        iv = self.plan.intervals[i]
+        out = host_zeros((self.rows_pad, *self.features.shape[1:]), self.features.dtype)
+        np.take(self.features, self.plan.owned[iv.start:iv.end], axis=0, out=out[: iv.end - iv.start])
         return out
 
     def _on_outputs(self, i: int, e: int, s: int, outputs: dict) -> None:
@@ -417,7 +438,8 @@ class GraphServer:
         n = iv.end - iv.start
         for name, val in outputs.items():
             val = np.asarray(val)
-            ist.rows[name] = val
+            if (s, name) not in self.col_reads or self.row_consumers.get((s, name)):
+                ist.rows[name] = val   # a tensor read only at columns lives in its store alone
             if (s, name) in self.col_reads:
                 store = self._ensure_store(s, name, e, val.shape[1:])
                 store[iv.start:iv.end] = val[:n]
@@ -463,7 +485,7 @@ class GraphServer:
                 tot = self._bwd_total(s, name, e)
                 if tot is None:
                     return None
-                g = np.zeros((self.rows_pad, *tot.shape[1:]), np.float32)
+                g = host_zeros((self.rows_pad, *tot.shape[1:]), np.float32)
                 g[: iv.end - iv.start] = tot[iv.start:iv.end]
                 grads[name] = g
             elif (s, name) in ist.grads:
@@ -492,16 +514,33 @@ class GraphServer:
         if self.sync_barrier and len(self.global_wm[(Direction.BACKWARD, ps, e)]) < self.num_partitions - 1:
             self._gate = "barrier"
             return None
+        remote = self.bwd_remote[(ps, name)]
+        if any(q not in remote[e_ghost] for q in self.plan.send):
+            self._gate = "ghost_grads"
+            return None
         tot = np.array(local[: self.n_own])
         for q in sorted(self.plan.send):
-            rows = self.bwd_remote[(ps, name)][e_ghost].get(q)
-            if rows is None:
-                self._gate = "ghost_grads"
-                return None
-            tot[self.plan.send[q]] += rows  # send[q] has no repeats: a plain fancy add is np.add.at's result
+            tot[self.plan.send[q]] += remote[e_ghost][q]  # send[q] has no repeats: a fancy add is np.add.at's
         self.bwd_total[(ps, name)][e] = tot
+        self._bwd_takers[(ps, name, e)] = set()
         self.bwd_sum[(ps, name)].pop(e)  # its owned rows are in tot, its ghost rows went out in _col_grad
+        if fresh or self.staleness == 0:
+            remote.pop(e_ghost)  # no other epoch reads them
         return tot
+
+    def _took_out_grads(self, i: int, e: int, s: int) -> None:
+        """Interval i's backward of stage s took its output gradients: its row gradients are not read again, nor
+        the owned-row gradients once every interval took its rows."""
+        ist = self.state[i]
+        for name in models.writes(self.stages[s]):
+            ist.grads.pop((s, name), None)
+            takers = self._bwd_takers.get((s, name, e))
+            if takers is None:
+                continue
+            takers.add(i)
+            if len(takers) == self.num_intervals:
+                del self._bwd_takers[(s, name, e)]
+                self.bwd_total[(s, name)].pop(e, None)
 
     def _col_grad(self, i: int, e: int, ps: int, name: str, g: np.ndarray) -> None:
         """A local ∇GA/∇AE contribution to columns; once all intervals gave theirs, ∇SC the ghost part."""
@@ -510,7 +549,7 @@ class GraphServer:
             return
         t0 = clock()
         parts = self.bwd_local[(ps, name)].pop(e)
-        total = np.zeros((self.n_cols, *parts[0].shape[1:]), np.float32)
+        total = host_zeros((self.n_cols, *parts[0].shape[1:]), np.float32)
         for k in range(self.num_intervals):  # fixed order: results do not depend on timing
             iv = self.plan.intervals[k]
             total[iv.cols[: iv.num_cols]] += parts[k][: iv.num_cols]
@@ -648,6 +687,8 @@ class GraphServer:
                 self._report_epoch(e)
             # dh is the gradient w.r.t. the LAST/LOSS input rows, produced by the stage before it.
             self._deposit_input_grads(i, e, s, {"h": arrays["dh"]})
+            ist.saved.pop(s, None)
+            ist.rows.clear()  # the forward is done: only the saved inputs of backward steps are read again
         elif msg.kind in (TaskKind.AV_BWD, TaskKind.AE_BWD):
             self._deposit_input_grads(i, e, s, {k[2:]: v for k, v in arrays.items() if k.startswith("d_")})
         ist.step += 1
@@ -656,7 +697,7 @@ class GraphServer:
         R = self.rows_pad
         if v.shape[0] == R:
             return v
-        out = np.zeros((R, *v.shape[1:]), v.dtype)
+        out = host_zeros((R, *v.shape[1:]), v.dtype)
         out[: v.shape[0]] = v
         return out
 
@@ -740,6 +781,7 @@ class GraphServer:
         out_grads = self._out_grads(i, e, group[-1])
         if out_grads is None:
             return self._wait(i, self._gate)
+        self._took_out_grads(i, e, group[-1])
         self._end_wait(i, e, f"B{s}")
         wrt = tuple(n for n in models.reads(st) if self._needs_grad(self.producers[s][n]))
         if not wrt and not any(self.stages[k].has_params for k in group):
@@ -749,7 +791,7 @@ class GraphServer:
             ist.step += 1
             self._whole_backward(i, e, s, out_grads["h"])
             return True
-        inputs = ist.saved[s]
+        inputs = ist.saved.pop(s)  # its backward is the last to read them
         seed = self.seed_for(e, s)
         if st.kind == StageKind.GA:
             t0 = clock()
