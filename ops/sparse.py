@@ -1,4 +1,4 @@
-"""GA and its VJP: sparse-dense products over an interval's adjacency rows, with a precomputed transpose."""
+"""GA and its VJP over adjacency blocks (with a precomputed transpose), and the whole graph as partition blocks."""
 from __future__ import annotations
 
 import jax
