@@ -146,6 +146,9 @@ def main(argv=None) -> int:
     ap.add_argument("--intervals", type=int, default=4)
     ap.add_argument("--epochs", type=int, default=3)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--infer-engine", choices=("direct", "flink"), default="direct",
+                    help="the Beam runner of the infer step (flink: an embedded Flink cluster, which spills its "
+                         "shuffles to disk where the DirectRunner holds them in memory)")
     ap.add_argument("--work", help="working directory (default: a temporary one, removed afterwards)")
     ap.add_argument("--steps", default="generate,prepare,train,infer",
                     help="comma-separated steps to run; later steps reuse --work's earlier results")
@@ -299,10 +302,10 @@ def infer_step(args, work: Path, out: Path) -> int:
     """`dorylus infer` over the trained run (Beam, DirectRunner): wall time, peak RSS, predictions written."""
     pred = work / "predictions"
     cmd = [sys.executable, "-m", "pipelines.cli", "infer", "--run", str(work / "run"), "--prepared", str(out),
-           "--out", str(pred), "--overwrite", "--no-embeddings"]
+           "--out", str(pred), "--overwrite", "--no-embeddings", "--engine", args.infer_engine]
     env = dict(os.environ, JAX_PLATFORMS=os.environ.get("JAX_PLATFORMS", "cpu"))
     t = run_measured(cmd, work / "infer.log", env=env)
-    row = {"step": "infer", **t}
+    row = {"step": "infer", "engine": args.infer_engine, **t}
     if t["rc"] == 0 and (pred / "infer.json").is_file():
         info = json.loads((pred / "infer.json").read_text())
         row.update({k: info[k] for k in ("num_vertices", "num_edges") if k in info})
