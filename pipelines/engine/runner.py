@@ -47,7 +47,7 @@ class Engine:
     servers: list
     threads: list
     versions: dict
-    x: object = None   # the normalized features the graph servers copied their rows from (`RunContext.x`)
+    x: object = None   # the normalized features the graph servers read their rows from (`RunContext.x`)
 
 
 @dataclasses.dataclass
@@ -204,7 +204,8 @@ def train_engine(cfg: TrainConfig, graph: Graph, out: Path | None = None, show_p
     cfg / graph: the run's settings and graph; out: the run directory (metrics.jsonl, timeline.jsonl,
     weights.npz, summary.json; None writes nothing); show_progress: a tqdm bar; transport: the channels
     (default: a fresh MemoryTransport); stall_timeout: seconds without any report before the run fails;
-    evaluate=False skips the driver's per-epoch accuracy pass (benchmarks time the pipeline alone), a callable
+    evaluate=True evaluates every epoch over the graph servers' blocks (`plan_evaluator`; GAT: the driver's own
+    device graph), evaluate=False skips the pass (benchmarks time the pipeline alone), a callable
     (params -> evaluation row) replaces it (continuous training evaluates on its own bucketed device graph);
     init_params / init_opt_state (optional) warm-start from earlier weights and optimizer state; bucket: the
     plan's shape buckets (`build_plan`)."""
