@@ -178,9 +178,7 @@ class Partitioned:
 
 
 def _row_ids(indptr: np.ndarray) -> np.ndarray:
-    out = host_empty(int(indptr[-1]), indptr.dtype)
-    out[...] = np.repeat(np.arange(indptr.size - 1, dtype=indptr.dtype), np.diff(indptr))
-    return out
+    return aligned(np.repeat(np.arange(indptr.size - 1, dtype=indptr.dtype), np.diff(indptr)))
 
 
 def pad_ids(ids, n):
