@@ -185,3 +185,79 @@ def test_infer_on_flink_matches_direct(prepared, runs, direct, tmp_path, flink_f
     infer.run(["--run", str(runs["gcn-av-first"][0]), "--prepared", str(prepared), "--block-size", "1024",
                "--out", str(tmp_path / "flink")] + flags)
     assert infer.load_predictions(tmp_path / "flink").equals(want)
+
+
+# --- the block store (pipelines/beam/blockstore.py) ----------------------------------------------------------------
+def _write_shard(d: Path, dst, src, vertices, feature_dim=2):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    (d / "edges").mkdir(parents=True, exist_ok=True)
+    (d / "vertices").mkdir(exist_ok=True)
+    pq.write_table(pa.table({"src": np.asarray(src, np.int64), "dst": np.asarray(dst, np.int64),
+                             "weight": np.arange(len(src), dtype=np.float32)}), d / "edges" / "e.parquet")
+    x = np.arange(len(vertices) * feature_dim, dtype=np.float32)
+    pq.write_table(pa.table({"vertex": np.asarray(vertices, np.int64),
+                             "features": pa.FixedSizeListArray.from_arrays(pa.array(x), feature_dim)}),
+                   d / "vertices" / "v.parquet")
+    return {"edges": "edges/e.parquet", "vertices": "vertices/v.parquet", "num_edges": len(src),
+            "num_vertices": len(vertices)}
+
+
+def test_block_store_slices_every_shard_by_block(tmp_path):
+    from pipelines.beam import blockstore
+
+    blocks = blockstore.Blocks(7, 3)                      # blocks [0,3) [3,6) [6,7)
+    assert blocks.count == 3 and blocks.rows(2) == (6, 7)
+    # two shards, each sorted by dst (as prepare writes them); each holds some of every block's rows
+    e0 = _write_shard(tmp_path / "s0", dst=[0, 0, 2, 4, 6], src=[1, 0, 2, 4, 6], vertices=[0, 2, 4, 6])
+    e1 = _write_shard(tmp_path / "s1", dst=[1, 3, 3, 5], src=[1, 5, 3, 5], vertices=[1, 3, 5])
+    work = str(tmp_path / "work")
+    for i, (d, e) in enumerate([(tmp_path / "s0", e0), (tmp_path / "s1", e1)]):
+        rec = blockstore.write_shard_columns(str(d), e, work, i, blocks, 2, unit_weights=False)
+        assert rec == {"index": i, "edges": e["num_edges"], "vertices": e["num_vertices"]}
+    cols = blockstore.ShardColumns(work, 2, unit_weights=False)
+    dst, src, w = cols.edges(1)                           # dst 3 and 5 from shard 1, 4 from shard 0
+    order = np.lexsort((src, dst))
+    dst, src, w = dst[order], src[order], w[order]
+    np.testing.assert_array_equal(dst, [3, 3, 4, 5])
+    np.testing.assert_array_equal(src, [3, 5, 4, 5])     # sorted by (dst, src) across the shards
+    np.testing.assert_array_equal(w, [2, 1, 3, 3])
+    x = cols.vertices(0, 0, 3, 2)                         # vertex 0 and 2 from shard 0, 1 from shard 1
+    np.testing.assert_array_equal(x, [[0, 1], [0, 1], [2, 3]])
+    assert blockstore.ShardColumns(work, 2, unit_weights=True).edges(2)[2].tolist() == [1.0]
+
+
+def test_block_store_rejects_what_prepare_never_writes(tmp_path):
+    from pipelines.beam import blockstore
+
+    blocks = blockstore.Blocks(4, 2)
+    bad_order = _write_shard(tmp_path / "a", dst=[1, 0], src=[0, 1], vertices=[0, 1, 2, 3])
+    with pytest.raises(DataError, match="not sorted by dst"):
+        blockstore.write_shard_columns(str(tmp_path / "a"), bad_order, str(tmp_path / "w"), 0, blocks, 2, False)
+    out_of_range = _write_shard(tmp_path / "b", dst=[0, 1], src=[0, 9], vertices=[0, 1, 2, 3])
+    with pytest.raises(DataError, match="vertex id 9 out of range"):
+        blockstore.write_shard_columns(str(tmp_path / "b"), out_of_range, str(tmp_path / "w"), 0, blocks, 2, False)
+    repeated = _write_shard(tmp_path / "c", dst=[0, 1], src=[0, 1], vertices=[0, 1, 1, 3])
+    with pytest.raises(DataError, match="not sorted by vertex"):
+        blockstore.write_shard_columns(str(tmp_path / "c"), repeated, str(tmp_path / "w"), 0, blocks, 2, False)
+    missing = _write_shard(tmp_path / "d", dst=[0, 1], src=[0, 1], vertices=[0, 1, 3])
+    blockstore.write_shard_columns(str(tmp_path / "d"), missing, str(tmp_path / "w2"), 0, blocks, 2, False)
+    with pytest.raises(DataError, match="vertex 2 is in 0 vertex shards"):
+        blockstore.ShardColumns(str(tmp_path / "w2"), 1, False).vertices(1, 2, 4, 2)
+
+
+def test_block_state_rows_are_written_in_place(tmp_path):
+    from pipelines.beam import blockstore
+
+    state = blockstore.State(str(tmp_path), 10)
+    state.create(1, {"h": (3,), "s": (2, 2)})
+    state.write_rows(1, "h", 4, np.ones((2, 3), np.float32))
+    state.write_rows(1, "h", 8, np.full((2, 3), 2, np.float32))
+    state.write_rows(1, "h", 4, np.ones((2, 3), np.float32))   # a retried block rewrites the same bytes
+    state.write_rows(1, "s", 0, np.arange(4, dtype=np.float32).reshape(1, 2, 2))
+    np.testing.assert_array_equal(state.read(1, "h", np.array([0, 4, 5, 9]))[:, 0], [0, 1, 1, 2])
+    np.testing.assert_array_equal(state.read(1, "s", slice(0, 1)), np.arange(4).reshape(1, 2, 2))
+    assert np.load(state.path(1, "h")).shape == (10, 3)
+    with pytest.raises(RuntimeError, match="rows of shape"):
+        state.write_rows(1, "h", 0, np.ones((1, 4), np.float32))

@@ -12,19 +12,25 @@ How it computes
 ---------------
 Vertices are processed in *blocks* of ``--block-size`` consecutive ids (block = v // B): a block is the batch of
 every tensor stage. The model's stage list (ops/models.py) is cut into segments at the stages that read
-neighbour values (GA, and GAT's AE). Per segment:
+neighbour values (GA, and GAT's AE). No graph data goes through Beam: the elements are shard entries and block
+ids, and the data lives in on-disk arrays (:mod:`pipelines.beam.blockstore`) under the output's staging folder:
 
-  Scatter  (CoGroupByKey of each block's vertex state with its routes): the rows of every source block that a
-           destination block's in-edges read (computed once from the edge shards) are sent to that block — the
-           SC task of Dorylus;
-  Gather   (CoGroupByKey of a block's messages, in-edges and own state): the block's Â rows become an
-           ``ops.sparse.Adjacency`` over the columns it received, and ``ops.models.run_stage`` runs the
-           segment's stages on it in one jitted call (padded to power-of-two shapes, so a few compilations serve
-           every block): GAT's AE (attention softmax over each destination's in-edges), GA, then the
-           row-local AV stages up to the next exchange (batched JAX on the block).
+  Columns  (per shard): the prepared shard's Parquet columns copied to raw arrays, with the row range of every
+           block (shards are sorted by destination, so a block is one slice of each);
+  Place    (per block): the block's feature rows written into the dense input state [N, F];
+  Apply    (per block, per segment): the block's in-edges become an ``ops.sparse.Adjacency`` over the source
+           rows they read, which are read from the previous segment's state by memory map (the SC of Dorylus),
+           and ``ops.models.run_stage`` runs the segment's stages on it in one jitted call (padded to
+           power-of-two shapes, so a few compilations serve every block): GAT's AE (attention softmax over each
+           destination's in-edges), GA, then the row-local AV stages up to the next exchange. The block writes
+           its own rows of the next state in place;
+  Write    (per output shard): predictions from the last state's logits.
 
-Leading row-local stages (AV first: GCN av-first, GAT) run on the blocks before the first exchange; the last
-segment ends with the LOSS stage's prologue (``ops.models.logits_of``), so the logits equal
+Each stage starts after the one before it has finished on every block (a side input is the barrier), since
+it may read any block's rows. Memory is bounded by one block's work whatever the graph's size; the staging
+folder holds about 12 bytes per edge (int32 ids) plus 4 bytes per vertex and state column, and is removed at
+the end. Leading row-local stages (AV first: GCN av-first, GAT) run on the blocks before the first exchange;
+the last segment ends with the LOSS stage's prologue (``ops.models.logits_of``), so the logits equal
 ``ops.models.forward`` on the whole graph without dropout.
 
 Outputs (``--out DIR``, written atomically like prepare: a temporary directory renamed at the end)
@@ -37,7 +43,6 @@ DIR/infer.json                       what was run on what: files with rows and s
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import datetime
 import json
 import logging
@@ -56,6 +61,7 @@ import apache_beam as beam
 
 from ops import params as P
 from ops.spec import ModelSpec
+from pipelines.beam import blockstore
 from pipelines.beam.combiners import Stat, StatsFn
 from pipelines.beam.runners import CommandParser, RunnerUnavailable, add_engine_arguments, engine_flags, \
     pipeline_options
@@ -158,209 +164,163 @@ class _Rows(NamedTuple):
     row_gids: object
 
 
-# --- block records -------------------------------------------------------------------------------------------------
-class VertexState(NamedTuple):
-    ids: np.ndarray           # int64, sorted: the block's vertices
-    tensors: dict             # name -> float32 [R, ...] row tensors ("h"; "s_src"/"s_dst" for GAT)
+# --- one block's work ----------------------------------------------------------------------------------------------
+def _block_adjacency(block: int, lo: int, hi: int, dst: np.ndarray, src: np.ndarray, w: np.ndarray):
+    """Block rows [lo, hi)'s in-edges as an ``ops.sparse.Adjacency`` over the sorted source ids they read, padded
+    to power-of-two shapes (a few compilations serve every block); (adj, col_ids)."""
+    import scipy.sparse as sp
+
+    from ops.sparse import Adjacency
+
+    n_rows = hi - lo
+    col_ids = np.unique(src)
+    r = dst - lo
+    counts = np.bincount(r, minlength=n_rows)
+    if counts.size > n_rows or counts.min(initial=1) == 0:   # every vertex has its self-loop
+        raise RuntimeError(f"internal error: block {block}: in-edges outside the block or vertices without any "
+                           f"(the self-loop at least)")
+    # each destination's in-edges come from one shard, sorted by src: a stable sort by row keeps them sorted
+    order = None if r.size < 2 or (np.diff(r) >= 0).all() else np.argsort(r, kind="stable")
+    c = np.searchsorted(col_ids, src if order is None else src[order])
+    a = sp.csr_matrix((w if order is None else w[order], c, np.concatenate([[0], np.cumsum(counts)])),
+                      shape=(n_rows, col_ids.size), dtype=np.float32)
+    adj = Adjacency.from_scipy(a, row_gids=np.arange(lo, hi), col_gids=col_ids, nnz_pad=_pow2(a.nnz),
+                               rows_pad=_pow2(n_rows), cols_pad=_pow2(col_ids.size))
+    return adj, col_ids
 
 
-class EdgeBlock(NamedTuple):
-    dst: np.ndarray           # int64, sorted by (dst, src): the in-edges of the block's vertices
-    src: np.ndarray
-    weight: np.ndarray        # float32 Â[dst, src] (GCN) or 1 (GAT: A + I)
+def _apply(fn, seg: Segment, jparams, block: int, lo: int, hi: int, rows_of, cols_of, edges) -> dict:
+    """Run ``seg`` on block rows [lo, hi): ``rows_of(name)`` gives the block's own rows of a state tensor,
+    ``cols_of(name, ids)`` the rows at sorted source ids, ``edges()`` the block's (dst, src, weight). Returns the
+    written tensors (or the logits), unpadded."""
+    rp = _pow2(hi - lo)
+    if not seg.exchanged:                # row stages only: every tensor of the state at the block's rows
+        state = {n: _pad_rows(v, rp) for n, v in rows_of(None).items()}
+        out = fn(seg.stages, seg.final, jparams, state, _Rows(_pad_rows(np.arange(lo, hi), rp)))
+    else:
+        adj, col_ids = _block_adjacency(block, lo, hi, *edges())
+        cp = _pow2(col_ids.size)
+        state = {n: _pad_rows(cols_of(n, col_ids), cp) for n in seg.exchanged}
+        state.update({n: _pad_rows(rows_of(n), rp) for n in seg.row_reads})
+        out = fn(seg.stages, seg.final, jparams, state, adj)
+    names = ("logits",) if seg.final is not None else seg.writes
+    return {n: np.asarray(out[n])[: hi - lo] for n in names}
 
 
-class GhostRows(NamedTuple):
-    """SC in the Beam pipeline: rows of one block that another block reads."""
+def state_shapes(plan: "Plan") -> list[dict]:
+    """The row shape of every tensor of the state before segment 0 and after each segment, found by running the
+    segments on a two-vertex graph of self-loops."""
+    import jax.numpy as jnp
 
-    ids: np.ndarray           # source vertex ids
-    tensors: dict             # name -> rows of those vertices
-
-
-def _by_block(blocks: np.ndarray, *arrays):
-    order = np.argsort(blocks, kind="stable")
-    b = blocks[order]
-    starts = np.flatnonzero(np.r_[True, b[1:] != b[:-1]]) if b.size else np.zeros(0, np.int64)
-    ends = np.r_[starts[1:], b.size]
-    for s, e in zip(starts, ends):
-        yield int(b[s]), tuple(a[order[s:e]] for a in arrays)
-
-
-class _ReadVertices(beam.DoFn):
-    """A vertex shard -> (block, (ids, features)) pieces."""
-
-    def __init__(self, root: str, block: int, feature_dim: int):
-        self.root, self.block, self.feature_dim = root, block, feature_dim
-
-    def process(self, entry):
-        cols = ["vertex", "features"] if self.feature_dim else ["vertex"]
-        t = pq.read_table(os.path.join(self.root, entry["vertices"]), columns=cols)
-        if t.num_rows != entry["num_vertices"]:
-            raise DataError(f"{entry['vertices']}: {t.num_rows} rows, the manifest says {entry['num_vertices']}")
-        ids = t.column("vertex").to_numpy()
-        if self.feature_dim:
-            x = t.column("features").combine_chunks().flatten().to_numpy().astype(np.float32, copy=False)
-            x = x.reshape(-1, self.feature_dim)
-        else:
-            x = np.zeros((ids.size, 0), np.float32)
-        yield from _by_block(ids // self.block, ids, x)
+    jparams = {k: {n: jnp.asarray(v) for n, v in p.items()} for k, p in plan.params.items()}
+    tensors = {"h": np.zeros((2, plan.feature_dim), np.float32)}
+    shapes = [{"h": (plan.feature_dim,)}]
+    edges = (np.arange(2), np.arange(2), np.ones(2, np.float32))
+    for seg in plan.segments:
+        tensors = _apply(_jitted(), seg, jparams, 0, 0, 2,
+                         lambda n, t=tensors: t if n is None else t[n], lambda n, ids, t=tensors: t[n][ids],
+                         lambda: edges)
+        shapes.append({n: tuple(v.shape[1:]) for n, v in tensors.items()})
+    return shapes
 
 
-class _ReadEdges(beam.DoFn):
-    """An edge shard -> (block of dst, (dst, src, weight)) pieces, one record batch at a time."""
+# --- the block stages ----------------------------------------------------------------------------------------------
+class _Columns(beam.DoFn):
+    """(shard index, manifest entry) -> the shard's raw columns under WORK (blockstore); yields their record."""
 
-    def __init__(self, root: str, block: int, unit_weights: bool):
-        self.root, self.block, self.unit = root, block, unit_weights
+    def __init__(self, plan: "Plan", work: str):
+        self.plan, self.work = plan, work
 
-    def process(self, entry):
-        pf = pq.ParquetFile(os.path.join(self.root, entry["edges"]))
-        if pf.metadata.num_rows != entry["num_edges"]:
-            raise DataError(f"{entry['edges']}: {pf.metadata.num_rows} rows, the manifest says {entry['num_edges']}")
-        for batch in pf.iter_batches(batch_size=1 << 20, columns=["src", "dst", "weight"]):
-            src = batch.column(0).to_numpy()
-            dst = batch.column(1).to_numpy()
-            w = (np.ones(src.size, np.float32) if self.unit
-                 else batch.column(2).to_numpy().astype(np.float32, copy=False))
-            yield from _by_block(dst // self.block, dst, src, w)
+    def process(self, item):
+        index, entry = item
+        p = self.plan
+        yield blockstore.write_shard_columns(p.shards_root, entry, self.work, index,
+                                             blockstore.Blocks(p.num_vertices, p.block), p.feature_dim,
+                                             unit_weights=p.model_name == "gat")
 
 
-def _vertex_state(kv, feature_norm: str):
-    from pipelines.data.graph import row_normalize
+class _BlockFn(beam.DoFn):
+    """Base of the per-block stages: the shard columns and the state files of WORK, opened once per worker."""
 
-    block, pieces = kv
-    pieces = list(pieces)
-    ids = np.concatenate([p[0] for p in pieces])
-    x = np.concatenate([p[1] for p in pieces])
-    order = np.argsort(ids, kind="stable")
-    ids, x = ids[order], x[order]
-    if feature_norm == "row":
-        x = row_normalize(x)
-    return block, VertexState(ids, {"h": np.ascontiguousarray(x, np.float32)})
+    def __init__(self, plan: "Plan", work: str):
+        self.plan, self.work = plan, work
+        self.blocks = blockstore.Blocks(plan.num_vertices, plan.block)
 
+    def setup(self):
+        self.state = blockstore.State(self.work, self.plan.num_vertices)
+        self._cols = None
 
-def _edge_block(kv):
-    block, pieces = kv
-    pieces = list(pieces)
-    dst, src, w = (np.concatenate([p[i] for p in pieces]) for i in range(3))
-    order = np.lexsort((src, dst))
-    return block, EdgeBlock(dst[order], src[order], w[order])
+    @property
+    def cols(self) -> blockstore.ShardColumns:
+        if self._cols is None:     # opened at the first block: the columns exist once the barrier side input has run
+            self._cols = blockstore.ShardColumns(self.work, len(self.plan.partitions), self.plan.model_name == "gat")
+        return self._cols
 
 
-def _routes(kv, block_size: int):
-    """(dst block, in-edges) -> (src block, (dst block, the src ids of that block it reads))."""
-    block, e = kv
-    src = np.unique(e.src)
-    for src_block, (ids,) in _by_block(src // block_size, src):
-        yield src_block, (block, ids)
+class _Place(_BlockFn):
+    """Block -> its input features (row-normalized when the run's config says so) written to state 0."""
+
+    def process(self, block, after):
+        from pipelines.data.graph import row_normalize
+
+        lo, hi = self.blocks.rows(block)
+        x = self.cols.vertices(block, lo, hi, self.plan.feature_dim)
+        if self.plan.feature_norm == "row":
+            x = row_normalize(x)
+        self.state.write_rows(0, "h", lo, x)
+        yield hi - lo
 
 
-def _scatter(kv, names: tuple):
-    """SC: a block's rows that other blocks read -> (dst block, GhostRows)."""
-    _, g = kv
-    states = list(g["state"])
-    if not states:
-        return
-    st = states[0]
-    for dst_block, ids in g["routes"]:
-        rows = np.searchsorted(st.ids, ids)
-        if (rows >= st.ids.size).any() or not np.array_equal(st.ids[np.minimum(rows, st.ids.size - 1)], ids):
-            raise DataError(f"edges read vertices {ids[:5]}... that no vertex shard holds")
-        yield dst_block, GhostRows(ids, {n: st.tensors[n][rows] for n in names})
+class _Apply(_BlockFn):
+    """Block -> segment k run on it (GA/AE over its in-edges with source rows read from state k, then its AV
+    stages), its rows of state k + 1 written."""
 
-
-class _Apply(beam.DoFn):
-    """Run a segment on one block: build its adjacency from the messages (column stages), then the row stages."""
-
-    def __init__(self, segment: Segment, params: dict):
-        self.seg, self.params = segment, params
+    def __init__(self, plan: "Plan", work: str, k: int, names: tuple):
+        super().__init__(plan, work)
+        self.k, self.seg, self.names = k, plan.segments[k], names
 
     def setup(self):
         import jax.numpy as jnp
 
+        super().setup()
         self.fn = _jitted()
-        self.jparams = {k: {n: jnp.asarray(v) for n, v in p.items()} for k, p in self.params.items()}
+        self.jparams = {s: {n: jnp.asarray(v) for n, v in p.items()} for s, p in self.plan.params.items()}
 
-    def _finish(self, block, ids, out):
-        r = ids.size
-        tensors = {n: np.asarray(out[n])[:r] for n in self.seg.writes}
-        if self.seg.final is not None:
-            tensors = {"logits": np.asarray(out["logits"])[:r]}
-        return block, VertexState(ids, tensors)
+    def process(self, block, after):
+        k, lo, hi = self.k, *self.blocks.rows(block)
 
-    def process(self, kv):
-        block, g = kv
-        if not self.seg.exchanged:           # row stages only
-            st = g
-            rp = _pow2(st.ids.size)
-            state = {n: _pad_rows(v, rp) for n, v in st.tensors.items()}
-            out = self.fn(self.seg.stages, self.seg.final, self.jparams, state, _Rows(_pad_rows(st.ids, rp)))
-            yield self._finish(block, st.ids, out)
-            return
-        from ops.sparse import Adjacency
-        import scipy.sparse as sp
+        def rows_of(name):
+            if name is None:
+                return {n: self.state.read(k, n, slice(lo, hi)) for n in self.names}
+            return self.state.read(k, name, slice(lo, hi))
 
-        states = list(g["self"])
-        if not states:
-            return
-        st = states[0]
-        edges = list(g["edges"])
-        msgs = list(g["msgs"])
-        ids = st.ids
-        col_ids = np.concatenate([m.ids for m in msgs]) if msgs else np.zeros(0, np.int64)
-        order = np.argsort(col_ids, kind="stable")
-        col_ids = col_ids[order]
-        e = edges[0] if edges else EdgeBlock(np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.float32))
-        r = np.searchsorted(ids, e.dst)
-        c = np.searchsorted(col_ids, e.src)
-        n_rows, n_cols = ids.size, col_ids.size
-        _check_found(r, ids, e.dst, f"block {block}: in-edges of vertices the block does not hold")
-        _check_found(c, col_ids, e.src, f"block {block}: in-edges read vertices whose rows never arrived")
-        if np.bincount(r, minlength=n_rows).min(initial=1) == 0:   # every vertex has its self-loop
-            raise RuntimeError(f"internal error: block {block}: vertices without in-edges (the self-loop at "
-                               f"least); the runner lost elements")
-        a = sp.csr_matrix((e.weight, (r, c)), shape=(n_rows, n_cols), dtype=np.float32)
-        rp, cp, npad = _pow2(n_rows), _pow2(n_cols), _pow2(a.nnz)
-        adj = Adjacency.from_scipy(a, row_gids=ids, col_gids=col_ids, nnz_pad=npad, rows_pad=rp, cols_pad=cp)
-        state = {}
-        for n in self.seg.exchanged:
-            state[n] = _pad_rows(np.concatenate([m.tensors[n] for m in msgs])[order], cp)
-        for n in self.seg.row_reads:
-            state[n] = _pad_rows(st.tensors[n], rp)
-        out = self.fn(self.seg.stages, self.seg.final, self.jparams, state, adj)
-        yield self._finish(block, ids, out)
-
-
-def _check_found(pos: np.ndarray, table: np.ndarray, ids: np.ndarray, what: str) -> None:
-    ok = pos < table.size
-    ok[ok] = table[pos[ok]] == ids[ok]
-    if not ok.all():
-        raise RuntimeError(f"internal error: {what} ({int((~ok).sum())} entries, e.g. vertex "
-                           f"{ids[~ok][0]}); the runner lost elements")
-
-
-def _predict(kv, shards: int, embeddings: bool):
-    block, st = kv
-    logits = st.tensors["logits"].astype(np.float32)
-    pred = np.argmax(logits, axis=-1).astype(np.int32)
-    yield block % shards, (st.ids, pred, logits if embeddings else None)
+        out = _apply(self.fn, self.seg, self.jparams, block, lo, hi, rows_of,
+                     lambda name, ids: self.state.read(k, name, ids), lambda: self.cols.edges(block))
+        for name, rows in out.items():
+            self.state.write_rows(k + 1, name, lo, rows)
+        yield hi - lo
 
 
 class _WritePredictions(beam.DoFn):
-    def __init__(self, root: str):
-        self.root = root
+    """Output shard s -> the predictions of blocks s, s + S, s + 2S, ... (from the last state's logits) as one
+    Parquet file sorted by vertex."""
 
-    def process(self, kv):
-        shard, pieces = kv
-        pieces = list(pieces)
-        ids = np.concatenate([p[0] for p in pieces])
-        order = np.argsort(ids, kind="stable")
-        pred = np.concatenate([p[1] for p in pieces])[order]
-        emb = None if pieces[0][2] is None else np.concatenate([p[2] for p in pieces])[order]
-        table = file_schemas.predictions_table(ids[order], pred, emb)
+    def __init__(self, plan: "Plan", work: str, root: str, k: int):
+        self.plan, self.work, self.root, self.k = plan, work, root, k
+
+    def process(self, shard, after):
+        p = self.plan
+        blocks, state = blockstore.Blocks(p.num_vertices, p.block), blockstore.State(self.work, p.num_vertices)
+        ranges = [blocks.rows(b) for b in range(shard, blocks.count, p.output_shards)]
+        ids = np.concatenate([np.arange(lo, hi) for lo, hi in ranges])
+        logits = np.concatenate([state.read(self.k, "logits", slice(lo, hi)) for lo, hi in ranges])
+        pred = np.argmax(logits, axis=-1).astype(np.int32)
+        table = file_schemas.predictions_table(ids, pred, logits if p.embeddings else None)
         name = shard_name(shard)
         meta = write_table(table, os.path.join(self.root, "predictions", name))
         yield Stat("list:files", 1, {"shard": shard, "path": f"predictions/{name}", **meta})
         yield Stat("vertices", int(ids.size))
+
 
 
 # --- the pipeline --------------------------------------------------------------------------------------------------
@@ -382,59 +342,61 @@ class Plan(NamedTuple):
 
 
 class Infer(beam.PTransform):
-    """PBegin -> Stat records of the prediction files written under ``root`` (see the module docstring)."""
+    """PBegin -> Stat records of the prediction files written under ``root`` (see the module docstring).
+
+    The elements are shard entries and block ids only; every stage reads and writes the arrays of ``root/_work``
+    (:mod:`pipelines.beam.blockstore`), whose state files :func:`build` creates. Each stage waits for the one
+    before it through a side input (a barrier), since it reads rows that any block of that stage wrote."""
 
     def __init__(self, plan: Plan, root: str):
         super().__init__()
         self.plan, self.root = plan, root
 
     def expand(self, pbegin):
-        plan = self.plan
-        entries = pbegin | "Shards" >> beam.Create(plan.partitions) | "Spread" >> beam.Reshuffle()
-        state = (
-            entries
-            | "ReadVertices" >> beam.ParDo(_ReadVertices(plan.shards_root, plan.block, plan.feature_dim))
-            | "VerticesByBlock" >> beam.GroupByKey()
-            | "VertexBlocks" >> beam.Map(_vertex_state, feature_norm=plan.feature_norm)
+        plan, work = self.plan, work_dir(self.root)
+        n_blocks = blockstore.Blocks(plan.num_vertices, plan.block).count
+
+        def barrier(pcoll, label):
+            return beam.pvalue.AsSingleton(pcoll | f"Done[{label}]" >> beam.CombineGlobally(sum))
+
+        columns = (
+            pbegin
+            | "Shards" >> beam.Create(list(enumerate(plan.partitions)))
+            | "SpreadShards" >> beam.Reshuffle()
+            | "Columns" >> beam.ParDo(_Columns(plan, work))
         )
-        edges = (
-            entries
-            | "ReadEdges" >> beam.ParDo(_ReadEdges(plan.shards_root, plan.block, plan.model_name == "gat"))
-            | "EdgesByBlock" >> beam.GroupByKey()
-            | "EdgeBlocks" >> beam.Map(_edge_block)
-        )
-        routes = edges | "Routes" >> beam.FlatMap(_routes, block_size=plan.block)
-        for i, seg in enumerate(plan.segments):
+        blocks = pbegin | "Blocks" >> beam.Create(list(range(n_blocks))) | "SpreadBlocks" >> beam.Reshuffle()
+        done = blocks | "Place" >> beam.ParDo(_Place(plan, work), after=beam.pvalue.AsList(columns))
+        names = ("h",)
+        for k, seg in enumerate(plan.segments):
             label = "-".join(s.name for s in seg.stages) or "logits"
-            if not seg.exchanged:
-                state = state | f"Apply[{label}]" >> beam.ParDo(_Apply(seg, plan.params))
-                continue
-            msgs = (
-                {"state": state, "routes": routes}
-                | f"Scatter[{label}]" >> beam.CoGroupByKey()
-                | f"Send[{label}]" >> beam.FlatMap(_scatter, names=seg.exchanged)
-            )
-            state = (
-                {"msgs": msgs, "edges": edges, "self": state}
-                | f"Gather[{label}]" >> beam.CoGroupByKey()
-                | f"Apply[{label}]" >> beam.ParDo(_Apply(seg, plan.params))
-            )
+            done = blocks | f"Apply[{label}]" >> beam.ParDo(_Apply(plan, work, k, names), after=barrier(done, label))
+            names = ("logits",) if seg.final is not None else seg.writes
         os.makedirs(os.path.join(self.root, "predictions"), exist_ok=True)
         return (
-            state
-            | "Predict" >> beam.FlatMap(_predict, shards=plan.output_shards, embeddings=plan.embeddings)
-            | "ByOutputShard" >> beam.GroupByKey()
-            | "Write" >> beam.ParDo(_WritePredictions(self.root))
+            pbegin
+            | "OutputShards" >> beam.Create(list(range(min(plan.output_shards, n_blocks))))
+            | "Write" >> beam.ParDo(_WritePredictions(plan, work, self.root, len(plan.segments)),
+                                    after=barrier(done, "logits-all"))
         )
+
+
+def work_dir(root: str) -> str:
+    return os.path.join(root, "_work")
 
 
 def build(p: beam.Pipeline, plan: Plan, root: str) -> None:
+    """The infer pipeline on ``p``, its state files created under ``root/_work`` (empty, at full size)."""
+    state = blockstore.State(work_dir(root), plan.num_vertices)
+    for k, shapes in enumerate(state_shapes(plan)):
+        state.create(k, shapes)
     (
         p
         | "Infer" >> Infer(plan, root)
         | "MergeStats" >> beam.CombineGlobally(StatsFn())
         | "WriteStats" >> beam.Map(write_stats, root=root)
     )
+
 
 
 # --- driver --------------------------------------------------------------------------------------------------------
@@ -565,6 +527,7 @@ def run(argv: list[str] | None = None) -> dict:
             build(p, plan, str(tmp))
         stats = read_stats(tmp)
         shutil.rmtree(tmp / "_input", ignore_errors=True)
+        shutil.rmtree(work_dir(str(tmp)), ignore_errors=True)
         files = sorted(stats.get("list:files", (0, []))[1], key=lambda x: x["shard"])
         done = int(stats.get("vertices", (0,))[0])
         if done != n:
