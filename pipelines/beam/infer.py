@@ -225,6 +225,13 @@ def state_shapes(plan: "Plan") -> list[dict]:
 
 
 # --- the block stages ----------------------------------------------------------------------------------------------
+def _check_done(done: int, n: int) -> None:
+    """The stage before a barrier finished every vertex (a runner that loses elements fails here, not later)."""
+    if done != n:
+        raise RuntimeError(f"internal error: the previous stage finished {done} of {n} vertices; the runner lost "
+                           f"elements")
+
+
 class _Columns(beam.DoFn):
     """(shard index, manifest entry) -> the shard's raw columns under WORK (blockstore); yields their record."""
 
@@ -263,6 +270,9 @@ class _Place(_BlockFn):
     def process(self, block, after):
         from pipelines.data.graph import row_normalize
 
+        if len(after) != len(self.plan.partitions):
+            raise RuntimeError(f"internal error: {len(after)} of {len(self.plan.partitions)} shards copied; "
+                               f"the runner lost elements")
         lo, hi = self.blocks.rows(block)
         x = self.cols.vertices(block, lo, hi, self.plan.feature_dim)
         if self.plan.feature_norm == "row":
@@ -287,6 +297,7 @@ class _Apply(_BlockFn):
         self.jparams = {s: {n: jnp.asarray(v) for n, v in p.items()} for s, p in self.plan.params.items()}
 
     def process(self, block, after):
+        _check_done(after, self.plan.num_vertices)
         k, lo, hi = self.k, *self.blocks.rows(block)
 
         def rows_of(name):
@@ -310,6 +321,7 @@ class _WritePredictions(beam.DoFn):
 
     def process(self, shard, after):
         p = self.plan
+        _check_done(after, p.num_vertices)
         blocks, state = blockstore.Blocks(p.num_vertices, p.block), blockstore.State(self.work, p.num_vertices)
         ranges = [blocks.rows(b) for b in range(shard, blocks.count, p.output_shards)]
         ids = np.concatenate([np.arange(lo, hi) for lo, hi in ranges])
