@@ -6,7 +6,7 @@ import scipy.sparse as sp
 from pipelines.config import ConfigError, TrainConfig
 from pipelines.data.graph import gcn_normalize
 from pipelines.data.registry import load_dataset
-from pipelines.engine import graph_server
+from pipelines.engine import graph_server, stragglers
 from pipelines.engine import messages as M
 from pipelines.engine.messages import EngineError, Message
 from pipelines.engine.partition import _chunks, _ladder, build_plan
@@ -251,7 +251,7 @@ def test_relaunch_limit_follows_the_observed_task_times(cora):
     cfg = TrainConfig(model="gcn", epochs=2, partitions=2, intervals=2, straggler_k=2.0,
                       straggler_min_s=0.5).resolved()
     gs = build_engine(cfg, cora).servers[0]
-    assert gs.straggler_limit(TaskKind.AV) == graph_server.FIRST_TASK_S  # no reference yet: first tasks compile
+    assert gs.straggler_limit(TaskKind.AV) == stragglers.FIRST_TASK_S  # no reference yet: first tasks compile
     for t in [0.1] * 50:
         gs.observe_task_time(TaskKind.AV, t)
     assert gs.straggler_limit(TaskKind.AV) == 0.5

@@ -26,6 +26,7 @@ from ops.xla import to_device
 from pipelines.engine.spans import clock
 from pipelines.engine.messages import EngineError, check_routing
 from pipelines.engine.param_server import weight_version
+from pipelines.engine.stragglers import StragglerLimits
 from schemas.tasks import Channel, Direction, Lifecycle, Message, StageKind, StalenessMode, Step, TaskKind
 
 
@@ -33,10 +34,6 @@ from schemas.tasks import Channel, Direction, Lifecycle, Message, StageKind, Sta
 #: 50,000-vertex planted graph at P=4 x 8 (0.8975 against 0.891; S=1 0.901 and 0.902; synchronous 0.909). Lower γ,
 #: a progress-tied γ and trend-corrected smoothing (Holt, Brown) lag less but damp less: README, 'Bounded staleness'
 GHOST_EMA = 0.98
-#: straggler relaunch (see `GraphServer.straggler_limit`): the window of send-to-result times per task kind, and
-#: the limit for a kind's first tasks, which compile and have no reference yet
-TASK_TIMES = 64
-FIRST_TASK_S = 30.0
 
 
 @functools.lru_cache(maxsize=256)
@@ -147,8 +144,7 @@ class GraphServer:
         self.ghost_ids = {q: plan.ghosts[idx].astype(np.int64) for q, idx in plan.recv.items()}
         self.state = [_Interval() for _ in range(self.num_intervals)]
         self.inflight: dict[tuple, list] = {}
-        self.task_times = collections.defaultdict(lambda: collections.deque(maxlen=TASK_TIMES))
-        self._limits: dict[str, float] = {}  # task kind -> straggler_limit, until its next time arrives
+        self.stragglers = StragglerLimits(straggler_k, straggler_min_s)
         self.epoch_stats = collections.defaultdict(lambda: {"loss_sum": 0.0, "count": 0.0, "correct": 0.0, "n": 0})
         self.stop_after = epochs - 1
         self.busy_s = collections.Counter()
@@ -624,30 +620,16 @@ class GraphServer:
                             msg.replace(meta={**msg.meta, "attempt": attempts + 1, "reason": reason}))
 
     def straggler_limit(self, kind: str) -> float:
-        """Seconds after which a task of this kind counts as late: max(min_s, k x the p90 of the last
-        `TASK_TIMES` send-to-result times of its kind). The times include the wait in the workers' queue, which
-        grows with the load; an average over first attempts only (the old rule) learnt nothing from the tasks it
-        relaunched, so under load it stayed below the queue's wait and every relaunch lengthened the queue
-        further (a storm re-sending whole payloads). Until a kind has a time, its first tasks (which compile)
-        have no reference: `FIRST_TASK_S`."""
-        limit = self._limits.get(kind)
-        if limit is None:
-            times = self.task_times.get(kind)
-            limit = FIRST_TASK_S if not times else self.straggler_k * float(np.quantile(times, 0.9))
-            limit = self._limits[kind] = max(self.straggler_min_s, limit)
-        return limit
+        """Seconds after which a task of this kind counts as late (pipelines/engine/stragglers.py)."""
+        return self.stragglers.limit(kind)
 
     def observe_task_time(self, kind: str, seconds: float) -> None:
-        """One send-to-result time of a task of this kind (from its first launch, relaunched or not)."""
-        self.task_times[kind].append(seconds)
-        self._limits.pop(kind, None)  # recomputed when next needed
+        self.stragglers.observe(kind, seconds)
 
     def _check_stragglers(self) -> None:
         now = time.monotonic()
         for key, (msg, sent, attempts, _) in list(self.inflight.items()):
-            # each relaunch of the same task waits twice as long: a task that is late because the workers are
-            # busy is not sent again and again
-            if now - sent > self.straggler_limit(msg.kind) * 2 ** attempts:
+            if now > self.stragglers.deadline(msg.kind, sent, attempts):
                 self._relaunch(key, "late")
 
     def _on_result(self, msg: Message) -> None:

@@ -8,10 +8,8 @@ from __future__ import annotations
 
 import collections
 
-import numpy as np
-
 from ops import models
-from pipelines.engine.graph_server import FIRST_TASK_S, TASK_TIMES
+from pipelines.engine.stragglers import StragglerLimits
 from pipelines.engine.param_server import weight_version
 from pipelines.plan import des
 from pipelines.plan.shape import Step, Task, group_of, schedule, step_task, widths, wrt_inputs
@@ -60,8 +58,7 @@ class GraphServerSim:
         self.arrived_version = -1     # newest version on the weights channel, seen at the loop's top
         self.inflight: dict = {}
         self.busy_intervals = collections.Counter()   # interval -> tasks in flight (the engine scans inflight)
-        self.task_times = collections.defaultdict(lambda: collections.deque(maxlen=TASK_TIMES))
-        self._limits: dict = {}
+        self.stragglers = StragglerLimits(world.L.straggler_k, world.L.straggler_min_s)
         self.relaunches = 0
         self.duplicates = 0
         self.max_staleness = 0
@@ -252,20 +249,10 @@ class GraphServerSim:
         self.busy_intervals[i] += 1
         self.pool.submit(msg)
 
-    def _straggler_limit(self, kind: str) -> float:
-        """The engine's rule (`GraphServer.straggler_limit`): max(min_s, k x the p90 of the kind's last send-to-
-        result times), `FIRST_TASK_S` before it has one; each relaunch of a task waits twice as long."""
-        limit = self._limits.get(kind)
-        if limit is None:
-            L, times = self.w.L, self.task_times.get(kind)
-            limit = FIRST_TASK_S if not times else L.straggler_k * float(np.quantile(times, 0.9))
-            limit = self._limits[kind] = max(L.straggler_min_s, limit)
-        return limit
-
     def _check_stragglers(self) -> None:
         for key, entry in list(self.inflight.items()):
             msg, sent, attempts = entry[:3]
-            if self.loop.now - sent > self._straggler_limit(msg.kind) * 2 ** attempts:
+            if self.loop.now > self.stragglers.deadline(msg.kind, sent, attempts):
                 entry[1] = self.loop.now
                 entry[2] = attempts + 1
                 self.relaunches += 1
@@ -279,11 +266,9 @@ class GraphServerSim:
             return
         self.busy_intervals[msg.interval] -= 1
         now = self.loop.now
-        dt = now - entry[1]
         self.w.span("tensor-workers", msg.kind, msg.epoch, msg.interval, entry[1], now, partition=self.p,
                     attempt=entry[2], busy=msg.meta.get("busy_s"))
-        self.task_times[msg.kind].append(now - entry[3])
-        self._limits.pop(msg.kind, None)
+        self.stragglers.observe(msg.kind, now - entry[3])
         yield from self._overhead()
         i, e, s = msg.interval, msg.epoch, msg.stage
         if e != self.epoch[i]:
@@ -390,7 +375,7 @@ class GraphServerSim:
             return GS_POLL_IDLE_S
         if fresh or self.poll_s > 0:   # a new weight version: the next step may fire after this poll
             return GS_POLL_BUSY_S
-        due = min(sent + self._straggler_limit(msg.kind) * 2 ** attempts
+        due = min(self.stragglers.deadline(msg.kind, sent, attempts)
                   for msg, sent, attempts, _ in self.inflight.values())
         return max(GS_POLL_BUSY_S, due - self.loop.now + 1e-9)
 

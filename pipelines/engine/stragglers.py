@@ -1,0 +1,47 @@
+"""The straggler rule of the graph servers (and of the planner's simulation of them): when a task counts as late.
+
+A task is relaunched when it has waited longer than its kind's limit x 2^relaunches (each relaunch of the same
+task waits twice as long, so a task that is late because the workers are busy is not sent again and again). The
+limit is max(min_s, k x the p90 of the last `TASK_TIMES` send-to-result times of its kind). The times include the
+wait in the workers' queue, which grows with the load; an average over first attempts only (an older rule) learnt
+nothing from the tasks it relaunched, so under load it stayed below the queue's wait and every relaunch lengthened
+the queue further (a storm re-sending whole payloads). Until a kind has a time, its first tasks (which compile)
+have no reference: `FIRST_TASK_S`.
+"""
+from __future__ import annotations
+
+import collections
+
+import numpy as np
+
+#: the window of send-to-result times kept per task kind
+TASK_TIMES = 64
+#: the limit for a kind's first tasks, which compile and have no reference yet
+FIRST_TASK_S = 30.0
+
+
+class StragglerLimits:
+    """Per task kind: the observed send-to-result times (`observe`) and the limit they give (`limit`)."""
+
+    def __init__(self, k: float, min_s: float):
+        self.k, self.min_s = k, min_s
+        self.times = collections.defaultdict(lambda: collections.deque(maxlen=TASK_TIMES))
+        self._limits: dict[str, float] = {}  # task kind -> limit, until its next time arrives
+
+    def limit(self, kind: str) -> float:
+        """Seconds after which a first attempt of this kind counts as late."""
+        limit = self._limits.get(kind)
+        if limit is None:
+            times = self.times.get(kind)
+            limit = FIRST_TASK_S if not times else self.k * float(np.quantile(times, 0.9))
+            limit = self._limits[kind] = max(self.min_s, limit)
+        return limit
+
+    def deadline(self, kind: str, sent: float, attempts: int) -> float:
+        """When a task of this kind, last launched at `sent` after `attempts` relaunches, is late."""
+        return sent + self.limit(kind) * 2 ** attempts
+
+    def observe(self, kind: str, seconds: float) -> None:
+        """One send-to-result time of a task of this kind (from its first launch, relaunched or not)."""
+        self.times[kind].append(seconds)
+        self._limits.pop(kind, None)  # recomputed when next needed
