@@ -44,7 +44,7 @@ def _parse(argv):
 
 
 class Estimator:
-    """The ghost rows an epoch reads on cut edges, from the fresh Z of epochs <= e - S (`GraphServer._ghost_ema`)."""
+    """The ghost rows an epoch reads on cut edges, from the fresh Z of epochs <= e - S (`pipelines.engine.ghosts.GhostReader`)."""
 
     def __init__(self, name: str):
         self.kind = re.match(r"[a-z]+", name).group()

@@ -6,8 +6,7 @@ import scipy.sparse as sp
 from pipelines.config import ConfigError, TrainConfig
 from pipelines.data.graph import gcn_normalize
 from pipelines.data.registry import load_dataset
-from pipelines.engine import graph_server, stragglers
-from pipelines.engine import messages as M
+from pipelines.engine import ghosts, graph_server, stragglers
 from pipelines.engine.messages import EngineError, Message
 from pipelines.engine.partition import _chunks, _ladder, build_plan
 from pipelines.engine.runner import build_engine, train_engine
@@ -236,7 +235,7 @@ def test_ghost_average_is_the_ema_of_the_stale_ghost_rows(cora, mode):
     # smooth: Σ γ^(t-j) v(j) / Σ γ^(t-j) (bias-corrected); smooth-zero: m(t) = γ m(t-1) + (1-γ) v(t) from m = 0
     cfg = TrainConfig(model="gcn", epochs=3, partitions=2, intervals=2, staleness=1, staleness_mode=mode).resolved()
     gs = build_engine(cfg, cora).servers[0]
-    g, rng = graph_server.GHOST_EMA, np.random.default_rng(0)
+    g, rng = ghosts.GHOST_EMA, np.random.default_rng(0)
     vs = [rng.standard_normal((gs.n_cols, 3)).astype(np.float32) for _ in range(3)]
     for e, v in enumerate(vs):
         gs.fwd[(2, "h")][e] = v

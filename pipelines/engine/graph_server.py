@@ -23,6 +23,7 @@ from ops.host import host_empty, host_zeros
 from ops.optim import dropout_seeds
 from ops.tasks import BLOCK_ARRAYS, ROW_LOCAL_KINDS, backward_fn, forward_fn, gather_transpose_fn
 from ops.xla import to_device
+from pipelines.engine.ghosts import GhostReader
 from pipelines.engine.spans import clock
 from pipelines.engine.messages import EngineError, check_routing
 from pipelines.engine.param_server import weight_version
@@ -30,10 +31,6 @@ from pipelines.engine.stragglers import StragglerLimits
 from schemas.tasks import Channel, Direction, Lifecycle, Message, StageKind, StalenessMode, Step, TaskKind
 
 
-#: γ of the ghost-value average in StalenessMode.SMOOTH. PipeGCN-GF uses 0.95; 0.98 measured better at S=2 on a
-#: 50,000-vertex planted graph at P=4 x 8 (0.8975 against 0.891; S=1 0.901 and 0.902; synchronous 0.909). Lower γ,
-#: a progress-tied γ and trend-corrected smoothing (Holt, Brown) lag less but damp less: README, 'Bounded staleness'
-GHOST_EMA = 0.98
 
 
 @functools.lru_cache(maxsize=256)
@@ -133,11 +130,10 @@ class GraphServer:
         self.bwd_wm = collections.defaultdict(lambda: {q: -1 for q in plan.send})
         self.bwd_total = collections.defaultdict(dict)   # (ps, name) -> e -> owned-row gradient
         self._bwd_takers: dict[tuple, set] = {}          # (ps, name, e) -> intervals that took their bwd_total rows
-        self.ghost_pred = collections.defaultdict(dict)  # (ps, name) -> e -> ghost rows extrapolated to epoch e
-        self.ghost_ema = collections.defaultdict(dict)   # (ps, name) -> e_ghost -> (sum, weight, EMA of ghost rows)
         self.global_wm = collections.defaultdict(set)  # (dir, stage, epoch) -> partitions that finished it
         self.latest_version = -1
         self.start_epoch = start_epoch  # a resumed run starts here; it counts as epoch 0 for staleness
+        self.ghosts = GhostReader(self.mode, self.start_epoch, self.n_own, self.n_cols)
         self.epoch = [start_epoch] * self.num_intervals
         # Global ids of the rows SC sends to / receives from each partition (ghost rows travel as vertex blocks).
         self.sc_ids = {q: plan.owned[idx].astype(np.int64) for q, idx in plan.send.items()}
@@ -345,44 +341,8 @@ class GraphServer:
         self._col_grad_sum(e, self.producers[s]["h"], "h", total)
 
     def _ghost_values(self, ps: int, name: str, e: int, e_ghost: int) -> np.ndarray:
-        """The ghost rows epoch e reads. PREDICT extrapolates them linearly from epochs e_ghost - 1 and e_ghost to
-        e; SMOOTH reads an exponential moving average of them over epochs <= e_ghost (see `_ghost_ema`)."""
-        st = self.fwd[(ps, name)]
-        if self.mode in (StalenessMode.SMOOTH, StalenessMode.SMOOTH_ZERO):
-            return self._ghost_ema(ps, name, e_ghost)
-        if self.mode is not StalenessMode.PREDICT or e_ghost - 1 < self.start_epoch:
-            return st[e_ghost][self.n_own:self.n_cols]
-        pred = self.ghost_pred[(ps, name)]
-        if e not in pred:  # once per epoch, from two fixed versions: deterministic
-            new, old = st[e_ghost][self.n_own:self.n_cols], st[e_ghost - 1][self.n_own:self.n_cols]
-            pred[e] = new + (e - e_ghost) * (new - old)
-        return pred[e]
-
-    def _ghost_ema(self, ps: int, name: str, e_ghost: int) -> np.ndarray:
-        """PipeGCN-GF's smoothing (Wan et al., ICLR 2022): m(t) = γ m(t-1) + (1-γ) v(t) over the ghost rows v(t)
-        of epochs t <= e_ghost, bias-corrected as Adam's moments are (the first epochs get a plain average, not
-        the random-init values). A stale ghost value fed back as is, or extrapolated, carries its layer's old
-        weights and its epoch's dropout noise into every cut edge; with fresh weights that delayed, noisy
-        feedback makes full-batch Adam oscillate (README, 'Bounded staleness'). The average varies slowly, so
-        it feeds back little: on a 2,000-vertex planted graph at P=4 x 1, S=1 0.907 and S=2 0.905 against
-        0.901 synchronous (predict 0.849 and 0.737). SMOOTH_ZERO starts m from 0 without the correction (as
-        PipeGCN-GF writes it): every epoch's values enter with weight 1-γ from the first, and cut edges fade in
-        with weight 1 - γ^t, which costs a slowly training model (README). Once per e_ghost, in epoch order:
-        deterministic."""
-        ema = self.ghost_ema[(ps, name)]
-        if e_ghost in ema:
-            return ema[e_ghost][2]
-        v = self.fwd[(ps, name)][e_ghost][self.n_own:self.n_cols]
-        if e_ghost == self.start_epoch:
-            s, w = v.copy(), 1.0
-        elif e_ghost - 1 in ema:
-            s0, w0, _ = ema[e_ghost - 1]
-            s, w = GHOST_EMA * s0 + v, GHOST_EMA * w0 + 1.0
-        else:
-            raise EngineError(f"ghost average of stage {ps} {name}: epoch {e_ghost - 1} was never read")
-        # s = Σ γ^(t-j) v(j) and w = Σ γ^(t-j): the bias-corrected average is s / w, m from 0 is (1-γ) s
-        ema[e_ghost] = (s, w, (1.0 - GHOST_EMA) * s if self.mode is StalenessMode.SMOOTH_ZERO else s / w)
-        return ema[e_ghost][2]
+        """The ghost rows epoch e reads (pipelines/engine/ghosts.py)."""
+        return self.ghosts.read((ps, name), self.fwd[(ps, name)], e, e_ghost)
 
     def _store(self, ps: int, name: str, e: int) -> np.ndarray:
         st = self.fwd[(ps, name)]
@@ -813,10 +773,7 @@ class GraphServer:
             for st in stores.values():
                 for e in [e for e in st if e < low]:
                     del st[e]
-        for stores in (self.ghost_pred, self.ghost_ema):
-            for st in stores.values():
-                for e in [e for e in st if e < low - 1]:
-                    del st[e]
+        self.ghosts.drop_below(low - 1)
 
     # ------------------------------------------------------------------------------------------------ loop
     def handle(self, msg: Message) -> None:
