@@ -78,7 +78,6 @@ class GraphServer:
         self.epochs = epochs
         self.seed = seed
         self.scale = loss_scale
-        self.straggler_k, self.straggler_min_s = straggler_k, straggler_min_s
         self.n_own = plan.num_owned
         colspace = plan.colspace
         self.n_cols = colspace.size
