@@ -170,7 +170,9 @@ def _seeds(meta: dict, chain: tuple[int, ...]):
     seeds = meta.get("seeds", [meta["seed"]])
     if len(seeds) != len(chain):
         raise ValueError(f"meta.seeds has {len(seeds)} seeds for {len(chain)} stages")
-    return jnp.asarray(np.asarray(seeds, np.uint32))
+    # numpy scalars and arrays, not jnp's: jit takes them as they are, where jnp's constructors run eager ops
+    # (a dispatch each, holding the GIL) on every task
+    return np.asarray(seeds, np.uint32)
 
 
 ROW_LOCAL_KINDS = (TaskKind.AV, TaskKind.AV_BWD, TaskKind.LAST, TaskKind.LOSS)
@@ -187,8 +189,9 @@ def pad_rows(arrays: dict, rows: int) -> tuple[dict, int]:
     out = {}
     for k, v in arrays.items():
         v = np.asarray(v)
-        pad = np.full((rows, *v.shape[1:]), -1 if k == "row_gids" else 0, v.dtype)
+        pad = np.empty((rows, *v.shape[1:]), v.dtype)  # one pass over the rows: copy, then fill the tail
         pad[:n] = v
+        pad[n:] = -1 if k == "row_gids" else 0
         out[k] = pad
     return out, n
 
@@ -225,14 +228,14 @@ def run_tensor_task(model: models.Model, kind: str, stage_index: int, params: di
     chain = task_stages(model, stage_index, meta)
     if len(chain) > 1:
         return _run_chain(model, kind, chain, params, arrays, meta)
-    seed = None if meta.get("seed") is None else jnp.uint32(meta["seed"])
+    seed = None if meta.get("seed") is None else np.uint32(meta["seed"])
     if kind in (TaskKind.LAST, TaskKind.LOSS):
         loss_stage = model.stages[-1]
         av = st if kind == TaskKind.LAST else None
         names = [s.name for s in (av, loss_stage) if s is not None and s.has_params]
         p = {n: params[n] for n in names}
         s, n, c, gp, gh = loss_fn(loss_stage, av)(p, arrays["h"], Rows(arrays["row_gids"]), arrays["labels"],
-                                                  arrays["mask"], seed, jnp.float32(meta["scale"]))
+                                                  arrays["mask"], seed, np.float32(meta["scale"]))
         return {"dh": gh}, gp, {"loss_sum": float(s), "count": float(n), "correct": float(c)}
     p = params.get(st.name, {})
     if st.kind == StageKind.AV:
@@ -266,7 +269,7 @@ def _run_chain(model: models.Model, kind: str, chain: tuple[int, ...], params: d
             raise ValueError(f"LAST task over stages {list(chain)}: the chain must end right before the loss")
         p = {nm: params[nm] for nm in names + ([loss_stage.name] if loss_stage.has_params else [])}
         s, n, c, gp, gh = loss_chain_fn(loss_stage, stages)(p, arrays["h"], rows, arrays["labels"], arrays["mask"],
-                                                             seeds, jnp.float32(meta["scale"]))
+                                                             seeds, np.float32(meta["scale"]))
         return {"dh": gh}, gp, {"loss_sum": float(s), "count": float(n), "correct": float(c)}
     p = {nm: params[nm] for nm in names}
     inputs = {"h": arrays["h"]}

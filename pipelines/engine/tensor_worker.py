@@ -8,6 +8,7 @@ import math
 import threading
 import time
 
+import jax.numpy as jnp
 import numpy as np
 
 from ops import models
@@ -27,7 +28,8 @@ class WeightCache:
 
     def put(self, msg: Message) -> None:
         with self._cv:
-            self._versions[msg.version] = unflatten(msg.arrays)
+            # on the device once per version, not once per task that reads it
+            self._versions[msg.version] = unflatten({k: jnp.asarray(v) for k, v in msg.arrays.items()})
             self._retired_below = max(self._retired_below, int(msg.meta.get("retire_below", 0)))
             for v in [v for v in self._versions if v < self._retired_below]:
                 del self._versions[v]
