@@ -39,6 +39,14 @@ def _epoch_seeds(seed: int, e: int, num_stages: int) -> tuple[int, ...]:
     return tuple(int(v) for v in dropout_seeds(seed, e, num_stages))
 
 
+def _as_run(idx: np.ndarray):
+    """idx as a slice when it is one ascending run (the ghosts of one owner, `build_plan`'s order): numpy reads
+    and writes a slice in place, where an index array gathers or scatters row by row."""
+    if idx.size and idx[-1] - idx[0] == idx.size - 1 and (idx.size == 1 or np.all(np.diff(idx) == 1)):
+        return slice(int(idx[0]), int(idx[-1]) + 1)
+    return idx
+
+
 class _Interval:
     """Per-interval, per-epoch working state."""
 
@@ -137,6 +145,7 @@ class GraphServer:
         # Global ids of the rows SC sends to / receives from each partition (ghost rows travel as vertex blocks).
         self.sc_ids = {q: plan.owned[idx].astype(np.int64) for q, idx in plan.send.items()}
         self.ghost_ids = {q: plan.ghosts[idx].astype(np.int64) for q, idx in plan.recv.items()}
+        self._recv_at = {q: _as_run(self.n_own + idx) for q, idx in plan.recv.items()}  # their column positions
         self.state = [_Interval() for _ in range(self.num_intervals)]
         self.inflight: dict[tuple, list] = {}
         self.stragglers = StragglerLimits(straggler_k, straggler_min_s)
@@ -426,7 +435,7 @@ class GraphServer:
         q, e, s = msg.partition, msg.epoch, msg.stage
         self._check_ids(msg, self.ghost_ids)
         store = self._ensure_store(s, name, e, msg.arrays[name].shape[1:])
-        store[self.n_own + self.plan.recv[q]] = msg.arrays[name]
+        store[self._recv_at[q]] = msg.arrays[name]
         self.ghost_wm[(s, name)][q] = max(self.ghost_wm[(s, name)][q], e)
 
     # ------------------------------------------------------------------------------------------------ backward
@@ -514,9 +523,9 @@ class GraphServer:
         """∇SC: the partition's column gradients of epoch e are summed; the ghost rows go to their owners."""
         t0 = clock() if t0 is None else t0
         self.bwd_sum[(ps, name)][e] = total
-        for q, idx in self.plan.recv.items():
+        for q, at in self._recv_at.items():
             self.transport.send(Channel.GHOST_GRADS, q, Message(TaskKind.SC_BWD, e, ps, -1, self.partition, -1,
-                                                  arrays={name: total[self.n_own + idx],
+                                                  arrays={name: total[at],
                                                           "vertex": self.ghost_ids[q]}, meta={"name": name}))
         for q in range(self.num_partitions):
             if q != self.partition:

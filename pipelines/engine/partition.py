@@ -90,7 +90,7 @@ class PartitionPlan:
 
     partition: int
     owned: np.ndarray          # global ids, the partition's row order
-    ghosts: np.ndarray         # global ids of the columns owned elsewhere
+    ghosts: np.ndarray         # global ids of the columns owned elsewhere, grouped by owner, ascending in each
     ghost_owner: np.ndarray    # partition owning each ghost
     send: dict                 # q -> owned local indices that partition q reads as ghosts (forward SC)
     recv: dict                 # q -> positions in `ghosts` of the rows q sends (forward); ∇SC goes back
@@ -218,6 +218,9 @@ def build_plan(a_norm: sp.csr_matrix, num_parts: int, num_intervals: int, method
         sub = a[owned]
         cols_g = _distinct(sub.indices, n)
         ghosts = cols_g[parts[cols_g] != p]
+        # grouped by owner (ids ascending within each): the rows owner q sends land in one contiguous run of the
+        # column store, so a ghost exchange copies slices where it scattered and gathered by index
+        ghosts = ghosts[np.argsort(parts[ghosts], kind="stable")]
         colspace = np.concatenate([owned, ghosts])
         pos = np.full(n, -1, np.int64)
         pos[colspace] = np.arange(colspace.size)
