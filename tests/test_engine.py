@@ -143,6 +143,9 @@ def test_plan_blocks_reproduce_the_adjacency(cora, method):
         for q, idx in pp.recv.items():
             sent = plan.partitions[q].owned[plan.partitions[q].send[pp.partition]]
             assert np.array_equal(sent, pp.ghosts[idx])
+            # one contiguous run per owner, ids ascending in it: the exchange copies slices
+            assert np.array_equal(idx, np.arange(idx[0], idx[0] + idx.size))
+            assert np.all(np.diff(pp.ghosts[idx]) > 0)
     assert np.all(seen == 1), "every vertex is owned by exactly one interval"
     assert len(shapes) == 1, "all intervals are padded to one static shape (jit compiles once)"
     st = plan.stats
