@@ -805,6 +805,19 @@ class GraphServer:
             return
         self._on_result(msg)
 
+    def _weights_due(self) -> bool:
+        """Nothing runs and every unfinished interval waits for a weight version newer than the latest seen."""
+        if self.inflight:
+            return False
+        due = False
+        for i, e in enumerate(self.epoch):
+            if e > self.stop_after:
+                continue
+            if self.state[i].step != 0 or self.latest_version >= self.version_for(e):
+                return False
+            due = True
+        return due
+
     @property
     def finished(self) -> bool:
         return all(e > self.stop_after for e in self.epoch)
@@ -812,9 +825,13 @@ class GraphServer:
     def run(self) -> None:
         try:
             while not self._stop.is_set() and not self.finished:
-                for w in self.wconsumer.poll(0.0):
+                # Where every interval waits for the next weight version (S = 0 between epochs), block on the
+                # weights: polling the other channels instead noticed them up to a poll timeout late, every epoch.
+                weights_due = self._weights_due()
+                for w in self.wconsumer.poll(0.02 if weights_due else 0.0):
                     self.latest_version = max(self.latest_version, w.version)
-                for msg in self.consumer.poll(0.002 if self.inflight else 0.02):
+                timeout = 0.0 if weights_due else 0.002 if self.inflight else 0.02
+                for msg in self.consumer.poll(timeout):
                     self.handle(msg)
                 self.consumer.commit()
                 progressed = True
