@@ -59,7 +59,8 @@ class GhostReader:
             s, w = v.copy(), 1.0
         elif e_ghost - 1 in ema:
             s0, w0, _ = ema[e_ghost - 1]
-            s, w = GHOST_EMA * s0 + v, GHOST_EMA * w0 + 1.0
+            s, w = np.multiply(s0, GHOST_EMA), GHOST_EMA * w0 + 1.0
+            s += v  # in place: the same sums as γ·s0 + v, one array of ghost rows fewer to allocate and fill
         else:
             raise EngineError(f"ghost average of stage {key[0]} {key[1]}: epoch {e_ghost - 1} was never read")
         # s = Σ γ^(t-j) v(j) and w = Σ γ^(t-j): the bias-corrected average is s / w, m from 0 is (1-γ) s

@@ -148,6 +148,7 @@ class GraphServer:
         self._recv_at = {q: _as_run(self.n_own + idx) for q, idx in plan.recv.items()}  # their column positions
         self.state = [_Interval() for _ in range(self.num_intervals)]
         self.inflight: dict[tuple, list] = {}
+        self._busy_intervals = collections.Counter()  # interval -> its tasks in `inflight` (checked every step)
         self.stragglers = StragglerLimits(straggler_k, straggler_min_s)
         self.epoch_stats = collections.defaultdict(lambda: {"loss_sum": 0.0, "count": 0.0, "correct": 0.0, "n": 0})
         self.stop_after = epochs - 1
@@ -576,6 +577,7 @@ class GraphServer:
                       meta={"model": self.spec, "attempt": 0, **meta})
         now = time.monotonic()
         self.inflight[msg.key] = [msg, now, 0, now]  # message, last launch, relaunches, first launch
+        self._busy_intervals[i] += 1
         self.transport.send(Channel.TENSOR_TASKS, 0, msg)
 
     def _relaunch(self, key, reason: str) -> None:
@@ -613,6 +615,7 @@ class GraphServer:
         if entry is None:
             self.duplicates += 1
             return
+        self._busy_intervals[msg.interval] -= 1
         dt = time.monotonic() - entry[1]
         self._span(msg.kind, msg.epoch, msg.interval, entry[1], entry[1] + dt, lane="tensor-workers",
                    detail={"partition": self.partition, "attempt": entry[2], "busy": msg.meta.get("busy_s")})
@@ -673,7 +676,7 @@ class GraphServer:
             return True
         kind, s = self.schedule[ist.step]
         st = self.stages[s]
-        if any(key[3] == i for key in self.inflight):
+        if self._busy_intervals[i]:
             return False
         if ist.step == 0 and self.latest_version < self.version_for(e):
             return self._wait(i, "weights")
