@@ -26,7 +26,7 @@ from ops.xla import to_device
 from pipelines.engine.ghosts import GhostReader
 from pipelines.engine.spans import clock
 from pipelines.engine.messages import EngineError, check_routing
-from pipelines.engine.param_server import weight_version
+from pipelines.engine.param_server import weight_version, weights_due
 from pipelines.engine.stragglers import StragglerLimits
 from schemas.tasks import Channel, Direction, Lifecycle, Message, StageKind, StalenessMode, Step, TaskKind
 
@@ -809,17 +809,8 @@ class GraphServer:
         self._on_result(msg)
 
     def _weights_due(self) -> bool:
-        """Nothing runs and every unfinished interval waits for a weight version newer than the latest seen."""
-        if self.inflight:
-            return False
-        due = False
-        for i, e in enumerate(self.epoch):
-            if e > self.stop_after:
-                continue
-            if self.state[i].step != 0 or self.latest_version >= self.version_for(e):
-                return False
-            due = True
-        return due
+        return not self.inflight and weights_due(self.epoch, [st.step for st in self.state], self.latest_version,
+                                                 self.version_for, self.stop_after)
 
     @property
     def finished(self) -> bool:
@@ -830,10 +821,10 @@ class GraphServer:
             while not self._stop.is_set() and not self.finished:
                 # Where every interval waits for the next weight version (S = 0 between epochs), block on the
                 # weights: polling the other channels instead noticed them up to a poll timeout late, every epoch.
-                weights_due = self._weights_due()
-                for w in self.wconsumer.poll(0.02 if weights_due else 0.0):
+                due = self._weights_due()
+                for w in self.wconsumer.poll(0.02 if due else 0.0):
                     self.latest_version = max(self.latest_version, w.version)
-                timeout = 0.0 if weights_due else 0.002 if self.inflight else 0.02
+                timeout = 0.0 if due else 0.002 if self.inflight else 0.02
                 for msg in self.consumer.poll(timeout):
                     self.handle(msg)
                 self.consumer.commit()

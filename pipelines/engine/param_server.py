@@ -35,6 +35,20 @@ def weight_version(epoch: int, staleness: int, mode: StalenessMode, start_epoch:
     return max(epoch, start_epoch)
 
 
+def weights_due(epochs, steps, latest_version: int, version_for, stop_after: int) -> bool:
+    """Every unfinished interval (epochs[i] <= stop_after) is at its first step and waits for a weight version
+    newer than latest_version (version_for(epoch)): a graph server with nothing in flight then blocks on the
+    weights channel (`GraphServer.run`; the planner's simulation, pipelines/plan/gs.py, wakes on it the same way)."""
+    due = False
+    for e, step in zip(epochs, steps):
+        if e > stop_after:
+            continue
+        if step != 0 or latest_version >= version_for(e):
+            return False
+        due = True
+    return due
+
+
 @dataclasses.dataclass
 class PSState:
     params: dict                       # current weights (numpy), version `version`

@@ -10,7 +10,7 @@ import collections
 
 from ops import models
 from pipelines.engine.stragglers import StragglerLimits
-from pipelines.engine.param_server import weight_version
+from pipelines.engine.param_server import weight_version, weights_due
 from pipelines.plan import des
 from pipelines.plan.shape import Step, Task, group_of, schedule, step_task, widths, wrt_inputs
 from schemas.tasks import StalenessMode
@@ -100,6 +100,8 @@ class GraphServerSim:
             # The engine would see it within one busy poll (2 ms); the simulated loop, which sleeps until a
             # message or a straggler deadline rather than every 2 ms, is woken then instead.
             self.loop.after(GS_POLL_BUSY_S, self.inbox.put, Msg("NUDGE", -1, -1, -1, self.p))
+        elif weights_due(self.epoch, self.step, self.latest_version, self.version_for, self.stop_after):
+            self.inbox.put(Msg("NUDGE", -1, -1, -1, self.p))  # the engine blocks on the weights channel then
 
     def _run_task(self, kind: Task, s: int):
         cmd = self.w.compute("gs", self.cpu, kind, s, self.p)
