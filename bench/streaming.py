@@ -464,4 +464,7 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
+    from ops.host import reexec_with_huge_pages
+
+    reexec_with_huge_pages()   # before anything is allocated: see ops.host.HUGE_PAGE_TUNABLE
     sys.exit(main())

@@ -299,6 +299,10 @@ def _configure_logging() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    if argv is None:   # a process's own command line (not a call from Python): huge pages for XLA's buffers
+        from ops.host import reexec_with_huge_pages
+
+        reexec_with_huge_pages()
     from pipelines.data.graph import DataError
     from pipelines.engine.messages import EngineError
     from pipelines.transports.base import TransportError

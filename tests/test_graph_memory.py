@@ -128,3 +128,42 @@ def test_a_staged_partitioned_evaluation_equals_the_whole_graph_one(skewed, mode
     gat = ModelSpec.for_graph(TrainConfig(model="gat").resolved(), skewed).build()
     with pytest.raises(ValueError, match="staged forward runs"):
         models.forward_staged(gat, gat.init(jax.random.PRNGKey(0)), whole, jnp.asarray(x))
+
+
+def test_huge_page_environ_decides_when_a_reexec_helps():
+    from ops.host import HUGE_PAGE_TUNABLE, huge_page_environ
+
+    madvise = "always [madvise] never\n"
+    env = huge_page_environ({"GLIBC_TUNABLES": "glibc.malloc.arena_max=2", "PATH": "/bin"}, madvise, "glibc 2.36")
+    assert env["GLIBC_TUNABLES"] == f"glibc.malloc.arena_max=2:{HUGE_PAGE_TUNABLE}" and env["PATH"] == "/bin"
+    assert huge_page_environ(env, madvise, "glibc 2.36") is None            # never twice
+    assert huge_page_environ({}, "[always] madvise never", "glibc 2.36") is None   # nothing to gain
+    assert huge_page_environ({}, "always madvise [never]", "glibc 2.36") is None
+    assert huge_page_environ({}, None, "glibc 2.36") is None                  # no THP in this kernel
+    assert huge_page_environ({}, madvise, "glibc 2.31") is None               # no such tunable yet
+    assert huge_page_environ({}, madvise, "") is None                         # not glibc
+    assert huge_page_environ({"DORYLUS_HUGE_PAGES": "0"}, madvise, "glibc 2.36") is None
+
+
+def test_an_entry_point_reexecutes_itself_once_with_the_tunable():
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from ops.host import _THP_MODE, huge_page_environ
+
+    try:
+        mode = open(_THP_MODE).read()
+    except OSError:
+        mode = None
+    want = huge_page_environ(os.environ, mode, os.confstr("CS_GNU_LIBC_VERSION") or "")
+    code = ("import json, os, sys; from ops.host import reexec_with_huge_pages as r; r(); "
+            "print(json.dumps([os.environ.get('GLIBC_TUNABLES', ''), sys.argv[1:]]))")
+    out = subprocess.run([sys.executable, "-c", code, "a", "b"], capture_output=True, text=True, check=True)
+    tunables, argv = json.loads(out.stdout)
+    assert argv == ["a", "b"]   # the same command line after the exec
+    if want is None:
+        assert tunables == os.environ.get("GLIBC_TUNABLES", "")
+    else:
+        assert tunables == want["GLIBC_TUNABLES"]
