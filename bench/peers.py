@@ -21,6 +21,7 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
 PEERS = {"dgl": "import dgl, torch", "pyg": "import torch_geometric, torch"}
 
 

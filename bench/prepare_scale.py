@@ -32,6 +32,7 @@ from uuid import uuid4
 import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
 
 
 def emit(**row) -> None:
