@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 
 from ops import attention, dense, sparse, xla
-from schemas.tasks import StageKind
+from schemas.tasks import StageKind, Step
 
 
 @dataclasses.dataclass(frozen=True)
@@ -511,6 +511,40 @@ def tensor_groups(model: Model) -> list[tuple[int, ...]]:
         else:
             groups.append([st.index])
     return [tuple(g) for g in groups]
+
+
+def epoch_schedule(model: Model) -> list[tuple[Step, int]]:
+    """One epoch of an interval as a graph server walks it, (Step, first stage of a task group): the forward
+    groups, the fused last layer (LAST, when the stage before the loss is an AV) or the loss alone (LOSS), then
+    the backward groups that have parameters or an input whose gradient someone needs (a GA over the input
+    features has none)."""
+    st = model.stages
+    last = len(st) - 1
+    need, prod = requires_grad(model), producers(model)
+    body = [g for g in tensor_groups(model) if g[0] != last]
+    fused = st[last - 1].kind == StageKind.AV
+    steps = [((Step.LAST if fused and g is body[-1] else Step.FORWARD), g[0]) for g in body]
+    if not fused:
+        steps.append((Step.LOSS, last))
+    for g in reversed(body[:-1] if fused else body):
+        if any(st[k].has_params for k in g) or any(p != -1 and need[p] for p in prod[g[0]].values()):
+            steps.append((Step.BACKWARD, g[0]))
+    return steps
+
+
+def column_reads(model: Model) -> tuple[dict[tuple[int, str], int], dict[tuple[int, str], list[int]]]:
+    """Which (producer stage, tensor) pairs are read at columns (ghosts too, so SC sends them), by the last stage
+    reading them so, and which at rows, by every stage reading them so."""
+    prod = producers(model)
+    cols, rows = {}, {}
+    for st in model.stages:
+        for name, where in reads(st).items():
+            key = (prod[st.index][name], name)
+            if where == "cols":
+                cols[key] = st.index
+            else:
+                rows.setdefault(key, []).append(st.index)
+    return cols, rows
 
 
 def row_widths(model: Model, in_dim: int) -> dict[tuple[int, str], int]:

@@ -252,14 +252,37 @@ def test_ghost_average_is_the_ema_of_the_stale_ghost_rows(cora, mode):
 def test_relaunch_limit_follows_the_observed_task_times(cora):
     cfg = TrainConfig(model="gcn", epochs=2, partitions=2, intervals=2, straggler_k=2.0,
                       straggler_min_s=0.5).resolved()
-    gs = build_engine(cfg, cora).servers[0]
-    assert gs.straggler_limit(TaskKind.AV) == stragglers.FIRST_TASK_S  # no reference yet: first tasks compile
+    limits = build_engine(cfg, cora).servers[0].inflight.limits
+    assert limits.limit(TaskKind.AV) == stragglers.FIRST_TASK_S  # no reference yet: first tasks compile
     for t in [0.1] * 50:
-        gs.observe_task_time(TaskKind.AV, t)
-    assert gs.straggler_limit(TaskKind.AV) == 0.5
+        limits.observe(TaskKind.AV, t)
+    assert limits.limit(TaskKind.AV) == 0.5
     for t in [3.0] * 20:  # under load the queue's wait grows, and so does the limit
-        gs.observe_task_time(TaskKind.AV, t)
-    assert gs.straggler_limit(TaskKind.AV) == pytest.approx(6.0)
+        limits.observe(TaskKind.AV, t)
+    assert limits.limit(TaskKind.AV) == pytest.approx(6.0)
+
+
+def test_in_flight_tasks_relaunch_when_late_and_count_duplicates():
+    from schemas.tasks import Message
+
+    now, sent = [0.0], []
+    flight = stragglers.InFlight(stragglers.StragglerLimits(2.0, 0.5), lambda: now[0], sent.append,
+                                 lambda msg, attempt, reason: sent.append((msg.key, attempt, reason)))
+    a, b = (Message(TaskKind.AV, 0, 1, i, 0, 0) for i in (0, 1))
+    flight.launch(a)
+    flight.launch(b)
+    assert sent == [a, b] and len(flight) == 2 and flight.busy(0) == 1 and flight.busy(2) == 0
+    assert flight.next_deadline() == stragglers.FIRST_TASK_S
+    now[0] = 1.0
+    assert flight.complete(a)[0] is a and flight.busy(0) == 0 and a.key not in flight
+    assert flight.complete(a) is None and flight.duplicates == 1   # a relaunch's second answer
+    assert flight.limits.limit(TaskKind.AV) == 2.0                 # k x the one time seen
+    now[0] = 2.5                                                    # b: late after 2 s
+    flight.relaunch_late()
+    assert sent[-1] == (b.key, 1, "late") and flight.relaunches == 1
+    assert flight.next_deadline() == 2.5 + 2.0 * 2                  # each relaunch waits twice as long
+    flight.relaunch_late()
+    assert flight.relaunches == 1
 
 
 def test_relaunches_of_answered_tasks_are_not_run_again(cora):

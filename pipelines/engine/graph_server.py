@@ -27,10 +27,8 @@ from pipelines.engine.ghosts import GhostReader
 from pipelines.engine.spans import clock
 from pipelines.engine.messages import EngineError, check_routing
 from pipelines.engine.param_server import weight_version, weights_due
-from pipelines.engine.stragglers import StragglerLimits
+from pipelines.engine.stragglers import InFlight, StragglerLimits
 from schemas.tasks import Channel, Direction, Lifecycle, Message, StageKind, StalenessMode, Step, TaskKind
-
-
 
 
 @functools.lru_cache(maxsize=256)
@@ -65,7 +63,7 @@ class GraphServer:
     vertices' features (read, not copied, but for a column space a GA gathers); labels / train_mask: of its
     owned vertices; num_partitions: graph servers in the run; staleness: S, or None for synchronous; epochs:
     how many it runs; seed: dropout seeds; loss_scale: 1 / training vertices of the whole graph; straggler_k /
-    straggler_min_s: relaunch a task after max(min_s, k x the p90 time of its kind) (`straggler_limit`);
+    straggler_min_s: relaunch a task after max(min_s, k x the p90 time of its kind) (`pipelines.engine.stragglers`);
     start_epoch: where a resumed run starts."""
 
     def __init__(self, transport, plan, model: models.Model, model_spec: dict, *, features: np.ndarray,
@@ -95,19 +93,12 @@ class GraphServer:
         self.req_grad = models.requires_grad(model)
         # Consecutive row-local AV stages run as one tensor task, keyed by the group's first stage.
         self.group_of = {g[0]: g for g in models.tensor_groups(model)}
-        self.schedule = self._build_schedule()
+        self.schedule = models.epoch_schedule(model)
         # Which (producer stage, tensor) pairs are read at columns, and by which stage.
-        self.col_reads: dict[tuple[int, str], int] = {}
-        self.row_consumers: dict[tuple[int, str], list[int]] = collections.defaultdict(list)
-        self._col_readers: dict[tuple[int, str], int] = collections.Counter()
-        for st in self.stages:
-            for name, where in models.reads(st).items():
-                ps = self.producers[st.index][name]
-                if where == "cols":
-                    self.col_reads[(ps, name)] = st.index
-                    self._col_readers[(ps, name)] += 1
-                else:
-                    self.row_consumers[(ps, name)].append(st.index)
+        self.col_reads, self.row_consumers = models.column_reads(model)
+        self._col_readers: dict[tuple[int, str], int] = collections.Counter(
+            (self.producers[st.index][name], name) for st in self.stages
+            for name, where in models.reads(st).items() if where == "cols")
         # The input features over the column space where a stage gathers them (ghosts too). A GA over them alone
         # runs once per interval (`_static_ga`); once every interval has run it, the columns are dropped (at 2^20
         # R-MAT vertices and P=4 they were 15 bytes per edge).
@@ -147,14 +138,11 @@ class GraphServer:
         self.ghost_ids = {q: plan.ghosts[idx].astype(np.int64) for q, idx in plan.recv.items()}
         self._recv_at = {q: _as_run(self.n_own + idx) for q, idx in plan.recv.items()}  # their column positions
         self.state = [_Interval() for _ in range(self.num_intervals)]
-        self.inflight: dict[tuple, list] = {}
-        self._busy_intervals = collections.Counter()  # interval -> its tasks in `inflight` (checked every step)
-        self.stragglers = StragglerLimits(straggler_k, straggler_min_s)
+        self.inflight = InFlight(StragglerLimits(straggler_k, straggler_min_s), time.monotonic,
+                                 lambda msg: transport.send(Channel.TENSOR_TASKS, 0, msg), self._resend)
         self.epoch_stats = collections.defaultdict(lambda: {"loss_sum": 0.0, "count": 0.0, "correct": 0.0, "n": 0})
         self.stop_after = epochs - 1
         self.busy_s = collections.Counter()
-        self.relaunches = 0
-        self.duplicates = 0
         self.max_staleness = 0
         self.error: BaseException | None = None
         self._stop = threading.Event()
@@ -169,22 +157,6 @@ class GraphServer:
         self.wconsumer = transport.consumer([(Channel.WEIGHTS, 0)], group=f"graph-server-{self.partition}-weights")
 
     # ------------------------------------------------------------------------------------------------ setup
-    def _build_schedule(self) -> list[tuple[str, int]]:
-        """The steps of one epoch, (Step, first stage of a task group): forward groups, the fused last layer
-        (LAST) or the loss alone (LOSS), then the backward groups that have parameters or an input whose
-        gradient someone needs (a GA over the input features has none)."""
-        st = self.stages
-        last = len(st) - 1
-        body = [g for g in self.group_of.values() if g[0] != last]
-        fused = st[last - 1].kind == StageKind.AV
-        steps = [((Step.LAST if fused and g is body[-1] else Step.FORWARD), g[0]) for g in body]
-        if not fused:
-            steps.append((Step.LOSS, last))
-        for g in reversed(body[:-1] if fused else body):
-            if any(st[k].has_params for k in g) or any(self._needs_grad(p) for p in self.producers[g[0]].values()):
-                steps.append((Step.BACKWARD, g[0]))
-        return steps
-
     def _static_blocks(self) -> None:
         # Interval blocks (None where the plan has none: every gather runs over the whole block); all intervals
         # share one padded row count R.
@@ -573,34 +545,15 @@ class GraphServer:
             n = iv.end - iv.start
             arrays = {k: v[:n] for k, v in arrays.items()}
             meta = {**meta, "rows": self.rows_pad}
-        msg = Message(kind, e, s, i, self.partition, self.version_for(e), arrays=arrays,
-                      meta={"model": self.spec, "attempt": 0, **meta})
-        now = time.monotonic()
-        self.inflight[msg.key] = [msg, now, 0, now]  # message, last launch, relaunches, first launch
-        self._busy_intervals[i] += 1
-        self.transport.send(Channel.TENSOR_TASKS, 0, msg)
+        self.inflight.launch(Message(kind, e, s, i, self.partition, self.version_for(e), arrays=arrays,
+                                     meta={"model": self.spec, "attempt": 0, **meta}))
 
-    def _relaunch(self, key, reason: str) -> None:
-        entry = self.inflight[key]
-        msg, _, attempts = entry[:3]
-        entry[1] = time.monotonic()
-        entry[2] = attempts + 1
-        self.relaunches += 1
-        self.transport.send(Channel.TENSOR_TASKS, 0,
-                            msg.replace(meta={**msg.meta, "attempt": attempts + 1, "reason": reason}))
-
-    def straggler_limit(self, kind: str) -> float:
-        """Seconds after which a task of this kind counts as late (pipelines/engine/stragglers.py)."""
-        return self.stragglers.limit(kind)
-
-    def observe_task_time(self, kind: str, seconds: float) -> None:
-        self.stragglers.observe(kind, seconds)
+    def _resend(self, msg: Message, attempt: int, reason: str) -> None:
+        self.transport.send(Channel.TENSOR_TASKS, 0, msg.replace(meta={**msg.meta, "attempt": attempt,
+                                                                       "reason": reason}))
 
     def _check_stragglers(self) -> None:
-        now = time.monotonic()
-        for key, (msg, sent, attempts, _) in list(self.inflight.items()):
-            if now > self.stragglers.deadline(msg.kind, sent, attempts):
-                self._relaunch(key, "late")
+        self.inflight.relaunch_late()
 
     def _on_result(self, msg: Message) -> None:
         check_routing(msg, self.num_partitions, self.num_intervals, len(self.stages))
@@ -609,18 +562,13 @@ class GraphServer:
             if key in self.inflight:
                 if not msg.meta.get("retryable"):
                     raise EngineError(f"tensor task {key} failed: {msg.meta.get('error')}")
-                self._relaunch(key, "failed")
+                self.inflight.relaunch(key, "failed")
             return
-        entry = self.inflight.pop(msg.key, None)
+        entry = self.inflight.complete(msg)
         if entry is None:
-            self.duplicates += 1
             return
-        self._busy_intervals[msg.interval] -= 1
-        dt = time.monotonic() - entry[1]
-        self._span(msg.kind, msg.epoch, msg.interval, entry[1], entry[1] + dt, lane="tensor-workers",
+        self._span(msg.kind, msg.epoch, msg.interval, entry[1], time.monotonic(), lane="tensor-workers",
                    detail={"partition": self.partition, "attempt": entry[2], "busy": msg.meta.get("busy_s")})
-        # from the first launch, relaunched or not: what a task of this kind takes under the current load
-        self.observe_task_time(msg.kind, time.monotonic() - entry[3])
         i, e, s = msg.interval, msg.epoch, msg.stage
         arrays = msg.arrays
         if msg.kind in ROW_LOCAL_KINDS:  # back to the interval's static row count
@@ -662,8 +610,9 @@ class GraphServer:
         stats = self.epoch_stats.pop(e)
         self.transport.send(Channel.METRICS, 0, Message(Lifecycle.EPOCH, e, -1, -1, self.partition, -1, meta={
             "loss_sum": stats["loss_sum"], "count": stats["count"], "correct": stats["correct"],
-            "max_staleness": self.max_staleness, "relaunches": self.relaunches, "duplicates": self.duplicates,
-            "busy_s": dict(self.busy_s), "interval_epochs": list(self.epoch), **self._sizes()}))
+            "max_staleness": self.max_staleness, "relaunches": self.inflight.relaunches,
+            "duplicates": self.inflight.duplicates, "busy_s": dict(self.busy_s), "interval_epochs": list(self.epoch),
+            **self._sizes()}))
 
     def _try_step(self, i: int) -> bool:
         """Fire interval i's next step if its inputs are ready; True if anything happened."""
@@ -676,7 +625,7 @@ class GraphServer:
             return True
         kind, s = self.schedule[ist.step]
         st = self.stages[s]
-        if self._busy_intervals[i]:
+        if self.inflight.busy(i):
             return False
         if ist.step == 0 and self.latest_version < self.version_for(e):
             return self._wait(i, "weights")
@@ -838,8 +787,8 @@ class GraphServer:
             self.transport.flush()  # DONE means every message this server sent has been delivered
             self.transport.send(Channel.METRICS, 0, Message(Lifecycle.DONE, min(self.epoch) - 1, -1, -1,
                                                             self.partition, -1, meta={
-                "busy_s": dict(self.busy_s), "relaunches": self.relaunches, "duplicates": self.duplicates,
-                "max_staleness": self.max_staleness, **self._sizes()}))
+                "busy_s": dict(self.busy_s), "relaunches": self.inflight.relaunches,
+                "duplicates": self.inflight.duplicates, "max_staleness": self.max_staleness, **self._sizes()}))
         except BaseException as e:
             self.error = e
             self.transport.send(Channel.METRICS, 0, Message(Lifecycle.FAILED, -1, -1, -1, self.partition, -1,

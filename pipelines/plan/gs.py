@@ -9,7 +9,7 @@ from __future__ import annotations
 import collections
 
 from ops import models
-from pipelines.engine.stragglers import StragglerLimits
+from pipelines.engine.stragglers import InFlight, StragglerLimits
 from pipelines.engine.param_server import weight_version, weights_due
 from pipelines.plan import des
 from pipelines.plan.shape import Step, Task, group_of, schedule, step_task, widths, wrt_inputs
@@ -56,11 +56,8 @@ class GraphServerSim:
         self.global_wm = collections.defaultdict(set)
         self.latest_version = -1
         self.arrived_version = -1     # newest version on the weights channel, seen at the loop's top
-        self.inflight: dict = {}
-        self.busy_intervals = collections.Counter()   # interval -> tasks in flight (the engine scans inflight)
-        self.stragglers = StragglerLimits(world.L.straggler_k, world.L.straggler_min_s)
-        self.relaunches = 0
-        self.duplicates = 0
+        self.inflight = InFlight(StragglerLimits(world.L.straggler_k, world.L.straggler_min_s),
+                                 lambda: self.loop.now, self.pool.submit, self._resend)
         self.max_staleness = 0
         self.busy = 0.0
         self.stop_after = epochs - 1
@@ -247,30 +244,22 @@ class GraphServerSim:
     def _dispatch(self, kind: Task, i: int, e: int, s: int):
         yield from self._overhead()
         msg = Msg(kind.value, e, s, i, self.p, self.version_for(e), meta={"attempt": 0})
-        self.inflight[msg.key] = [msg, self.loop.now, 0, self.loop.now]  # last launch, relaunches, first launch
-        self.busy_intervals[i] += 1
-        self.pool.submit(msg)
+        self.inflight.launch(msg)
+
+    def _resend(self, msg: Msg, attempt: int, reason: str) -> None:
+        self.pool.submit(Msg(msg.kind, msg.epoch, msg.stage, msg.interval, msg.partition, msg.version,
+                             meta={"attempt": attempt, "reason": reason}))
 
     def _check_stragglers(self) -> None:
-        for key, entry in list(self.inflight.items()):
-            msg, sent, attempts = entry[:3]
-            if self.loop.now > self.stragglers.deadline(msg.kind, sent, attempts):
-                entry[1] = self.loop.now
-                entry[2] = attempts + 1
-                self.relaunches += 1
-                self.pool.submit(Msg(msg.kind, msg.epoch, msg.stage, msg.interval, msg.partition, msg.version,
-                                     meta={"attempt": attempts + 1, "reason": "late"}))
+        self.inflight.relaunch_late()
 
     def _on_result(self, msg: Msg):
-        entry = self.inflight.pop(msg.key, None)
+        entry = self.inflight.complete(msg)
         if entry is None:
-            self.duplicates += 1
             return
-        self.busy_intervals[msg.interval] -= 1
         now = self.loop.now
         self.w.span("tensor-workers", msg.kind, msg.epoch, msg.interval, entry[1], now, partition=self.p,
                     attempt=entry[2], busy=msg.meta.get("busy_s"))
-        self.stragglers.observe(msg.kind, now - entry[3])
         yield from self._overhead()
         i, e, s = msg.interval, msg.epoch, msg.stage
         if e != self.epoch[i]:
@@ -311,7 +300,7 @@ class GraphServerSim:
             self.grads[i] = set()
             return True
         step, s = self.sched[self.step[i]]
-        if self.busy_intervals[i]:
+        if self.inflight.busy(i):
             return False
         if self.step[i] == 0 and self.latest_version < self.version_for(e):
             return self._wait(i, "weights")
@@ -377,8 +366,7 @@ class GraphServerSim:
             return GS_POLL_IDLE_S
         if fresh or self.poll_s > 0:   # a new weight version: the next step may fire after this poll
             return GS_POLL_BUSY_S
-        due = min(self.stragglers.deadline(msg.kind, sent, attempts)
-                  for msg, sent, attempts, _ in self.inflight.values())
+        due = self.inflight.next_deadline()
         return max(GS_POLL_BUSY_S, due - self.loop.now + 1e-9)
 
     def run(self):

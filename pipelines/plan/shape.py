@@ -45,21 +45,8 @@ def group_of(stages) -> dict[int, tuple[int, ...]]:
 
 
 def schedule(stages) -> list[tuple[Step, int]]:
-    """One epoch of an interval, as the engine's graph server walks it (`GraphServer._build_schedule`): forward
-    task groups, the fused last layer (when the stage before the loss is an AV) or a separate loss step, then
-    the backward groups that have parameters or an input whose gradient is needed."""
-    last = len(stages) - 1
-    need = models.requires_grad(_model(stages))
-    producers = models.producers(_model(stages))
-    body = [g for g in group_of(stages).values() if g[0] != last]
-    fused = stages[last - 1].kind == "AV"
-    steps = [((Step.LAST if fused and g is body[-1] else Step.FORWARD), g[0]) for g in body]
-    if not fused:
-        steps.append((Step.LOSS, last))
-    for g in reversed(body[:-1] if fused else body):
-        if any(stages[k].has_params for k in g) or any(p != -1 and need[p] for p in producers[g[0]].values()):
-            steps.append((Step.BACKWARD, g[0]))
-    return steps
+    """One epoch of an interval, as the engine's graph server walks it (`ops.models.epoch_schedule`)."""
+    return models.epoch_schedule(_model(stages))
 
 
 def step_task(stages, step: Step, s: int) -> Task | None:

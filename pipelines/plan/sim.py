@@ -66,7 +66,7 @@ def simulate(layout: Layout, costs, shape: Shape, stages, epochs: int = 6) -> Si
         raise RuntimeError("the simulated schedule deadlocked (a gate never opened): "
                            + "; ".join(gs.describe() for gs in servers))
     busy = {"graph_servers": sum(gs.busy for gs in servers), "tensor_workers": pool.busy, "param_server": ps.busy}
-    return SimResult(world.rows, dict(ps.wu_end), epochs, sum(gs.relaunches for gs in servers), busy,
+    return SimResult(world.rows, dict(ps.wu_end), epochs, sum(gs.inflight.relaunches for gs in servers), busy,
                      pool.billed_s, pool.invocations, dict(world.bytes),
                      max(gs.max_staleness for gs in servers), dict(pool.billed_by_epoch), dict(pool.calls_by_epoch),
                      world.worker_rows)

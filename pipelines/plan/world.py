@@ -103,17 +103,10 @@ class World:
 
 
 def model_reads(stages):
-    """Which (producer stage, tensor) pairs are read at columns (needing ghosts, SC) and which at rows."""
-    producers = models.producers(type("M", (), {"stages": stages}))
-    col_reads, row_consumers = {}, collections.defaultdict(list)
-    for st in stages:
-        for name, where in models.reads(st).items():
-            ps = producers[st.index][name]
-            if where == "cols":
-                col_reads[(ps, name)] = st.index
-            else:
-                row_consumers[(ps, name)].append(st.index)
-    return producers, col_reads, row_consumers
+    """Each stage's producers, and which (producer stage, tensor) pairs are read at columns (needing ghosts, SC)
+    and which at rows (`ops.models.column_reads`)."""
+    model = type("M", (), {"stages": stages})
+    return (models.producers(model), *models.column_reads(model))
 
 
 def epoch_time(wu_ends: list[float], warmup: int = 1) -> float:
