@@ -261,9 +261,9 @@ def cmd_graph_server(args) -> int:
             raise gs.error
         say(role, f"done with epoch {min(gs.epoch) - 1}; waiting for STOP")
         _wait_stop([gs.consumer, gs.wconsumer])
-        return {"busy_s": dict(gs.busy_s), "relaunches": gs.relaunches, "duplicates": gs.duplicates,
-                "max_staleness": gs.max_staleness, "epochs": list(gs.epoch), "spans": gs.spans.wall_rows(),
-                "spans_dropped": gs.spans.dropped}
+        return {"busy_s": dict(gs.busy_s), "relaunches": gs.inflight.relaunches,
+                "duplicates": gs.inflight.duplicates, "max_staleness": gs.max_staleness, "epochs": list(gs.epoch),
+                "spans": gs.spans.wall_rows(), "spans_dropped": gs.spans.dropped}
 
     return _run_role(args, role, p, body)
 
