@@ -36,6 +36,8 @@ def _parse(argv):
     p.add_argument("--epochs", type=int, default=150)
     p.add_argument("--hidden", type=int, default=64)
     p.add_argument("--norm", default="auto", choices=["auto", "row", "none"])
+    p.add_argument("--warmup", type=int, nargs="+", default=[0],
+                   help="synchronous epochs before the staleness bound applies (each value a run)")
     args = p.parse_args(argv)
     for est in args.est:
         if not re.fullmatch(r"(ema|emau)0?\.\d+|plain", est):
@@ -62,7 +64,7 @@ class Estimator:
         return self.by_epoch[e_ghost]
 
 
-def run(args, graph, seed: int, S: int, est: str) -> dict:
+def run(args, graph, seed: int, S: int, est: str, warmup: int = 0) -> dict:
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -131,7 +133,7 @@ def run(args, graph, seed: int, S: int, est: str) -> dict:
     zeros = jnp.zeros((n, st[2].out_dim), jnp.float32)
     tests, vals = [], []
     for e in range(args.epochs):
-        e_ghost = max(e - S, 0)
+        e_ghost = e if e < warmup else max(e - S, 0)
         ghost = zeros if e_ghost == e else estimator.read(e_ghost)
         p, o, z = step(p, o, ghost, float(e_ghost == e), jnp.asarray(dropout_seeds(seed, e, len(st))), data)
         estimator.add(e, z)
@@ -141,7 +143,7 @@ def run(args, graph, seed: int, S: int, est: str) -> dict:
         tests.append(float(ta))
         vals.append(round(float(va), 4))
     return {"bench": "stale_sim", "dataset": args.dataset, "norm": args.norm, "partitions": args.partitions,
-            "epochs": args.epochs, "S": S, "estimator": est, "seed": seed,
+            "epochs": args.epochs, "S": S, "estimator": est, "warmup": warmup, "seed": seed,
             "test_acc": tests[stopper.best_epoch], "best_epoch": stopper.best_epoch, "val_acc": vals,
             "seconds": round(time.perf_counter() - t0, 1), "load_average": os.getloadavg()[0]}
 
@@ -154,7 +156,8 @@ def main(argv=None) -> int:
     for seed in args.seeds:
         for S in args.S:
             for est in (args.est if S else args.est[:1]):  # S=0 reads no estimate: one run
-                print(json.dumps(run(args, graph, seed, S, est)), flush=True)
+                for w in (args.warmup if S else args.warmup[:1]):
+                    print(json.dumps(run(args, graph, seed, S, est, w)), flush=True)
     return 0
 
 
