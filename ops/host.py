@@ -88,10 +88,13 @@ def reexec_with_huge_pages() -> None:
             mode = f.read()
     except OSError:
         mode = None
-    libc = os.confstr("CS_GNU_LIBC_VERSION") if "CS_GNU_LIBC_VERSION" in os.confstr_names else ""
+    libc = os.confstr("CS_GNU_LIBC_VERSION") if "CS_GNU_LIBC_VERSION" in getattr(os, "confstr_names", {}) else ""
     env = huge_page_environ(os.environ, mode, libc or "")
-    if env is None or not getattr(sys, "orig_argv", None):
+    if env is None or not getattr(sys, "orig_argv", None) or not sys.executable:
         return
     sys.stdout.flush()
     sys.stderr.flush()
-    os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], env)
+    try:
+        os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], env)
+    except OSError:   # cannot re-execute (an embedded interpreter, say): run on as it is
+        return
