@@ -58,6 +58,7 @@ def _parse(argv):
     p.add_argument("--hidden", type=int, default=None, help="hidden width (default: the model's)")
     p.add_argument("--epochs", type=int, default=None, help="epochs (default: the config's)")
     p.add_argument("--staleness-mode", default="smooth", choices=["smooth", "smooth-zero", "predict", "fresh", "stale"])
+    p.add_argument("--sync-warmup", type=int, default=0, help="engine runs: the first W epochs at S = 0")
     p.add_argument("--preset", choices=["planted"], help="planted: the large-graph staleness rows (see above)")
     args = p.parse_args(argv)
     if args.preset == "planted":
@@ -97,18 +98,21 @@ def main(argv=None) -> int:
                         s = None if eng == "none" else int(eng.lstrip("asyncs"))
                         cfg = TrainConfig(model=model, seed=seed, partitions=args.partitions,
                                           intervals=args.intervals, staleness=s, wu=wu,
-                                          staleness_mode=args.staleness_mode, **extra).resolved()
+                                          staleness_mode=args.staleness_mode, sync_warmup=args.sync_warmup,
+                                          **extra).resolved()
                         r = train_engine(cfg, graph)
                     accs.append(r.summary["test_acc"])
                     print(json.dumps({"bench": "accuracy", "dataset": ds, "model": model, "engine": eng,
                                       "partitions": args.partitions, "intervals": args.intervals,
-                                      "staleness_mode": args.staleness_mode, "seed": seed, "hidden": hidden,
+                                      "staleness_mode": args.staleness_mode, "sync_warmup": args.sync_warmup,
+                                      "seed": seed, "hidden": hidden,
                                       "test_acc": r.summary["test_acc"], "best_epoch": r.summary["best_epoch"],
                                       "epochs": r.summary["epochs"], "seconds": r.summary["seconds"],
                                       "val_acc": [round(h["val_acc"], 4) for h in r.history]}), flush=True)
                 print(json.dumps({"bench": "accuracy-summary", "dataset": ds, "model": model, "engine": eng,
                                   "partitions": args.partitions, "intervals": args.intervals,
-                                  "staleness_mode": args.staleness_mode, "seeds": args.seeds,
+                                  "staleness_mode": args.staleness_mode, "sync_warmup": args.sync_warmup,
+                                  "seeds": args.seeds,
                                   "mean_test_acc": float(np.mean(accs)), "std_test_acc": float(np.std(accs)),
                                   "test_accs": [round(a, 4) for a in accs],
                                   "published_test_acc": PUBLISHED.get((ds, model))}), flush=True)

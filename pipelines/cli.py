@@ -64,6 +64,9 @@ def _train_flags(p: argparse.ArgumentParser) -> None:
                         "started from 0; predict: ghost values of e - S "
                         "extrapolated to e; fresh: weights e, ghost values and gradients of e - S (PipeGCN); "
                         "stale: weights e - S as well (epochs overlap; diverges on large graphs)")
+    g.add_argument("--sync-warmup", type=int, metavar="W",
+                   help="under S >= 1, the first W epochs read fresh ghost values and gradients (as S = 0), then the "
+                        "bound applies: staleness costs most while full-batch Adam moves fastest (default 20; 0: none)")
     g.add_argument("--wu", choices=["sync", "async"], help="WU sums the epoch's gradients when all are in (sync) or folds each in as it arrives (async)")
     g.add_argument("--tensor-workers", help="N (a local pool of N workers), auto (a local pool autotuned from "
                                             "the task backlog) or aws (AWS Lambda; needs --function)")

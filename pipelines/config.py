@@ -60,6 +60,7 @@ class TrainConfig:
     partitioner: str = "metis"
     staleness: int | None = None
     staleness_mode: str = "smooth"      # what is stale under S >= 1: smooth, predict, fresh or stale (README)
+    sync_warmup: int = 20               # the first epochs run with S = 0 (fresh ghosts), then the bound applies
     wu: str = "sync"
     tensor_workers: int | str = 2       # local pool size, "auto" (autotuned local pool) or "aws" (Lambda)
     straggler_k: float = 2.0
@@ -125,6 +126,8 @@ class TrainConfig:
              f"staleness must be none or an integer >= 0, got {self.staleness}")
         need(self.staleness_mode in [m.value for m in StalenessMode],
              f"staleness_mode must be smooth, smooth-zero, predict, fresh or stale, got {self.staleness_mode!r}")
+        need(isinstance(self.sync_warmup, int) and not isinstance(self.sync_warmup, bool) and self.sync_warmup >= 0,
+             f"sync_warmup must be an integer >= 0 (epochs), got {self.sync_warmup!r}")
         need(self.wu in ("sync", "async"), f"wu must be sync or async, got {self.wu!r}")
         need(self.tensor_workers in ("auto", "aws") or (isinstance(self.tensor_workers, int)
                                                         and not isinstance(self.tensor_workers, bool)

@@ -101,7 +101,7 @@ def test_fused_engine_equals_whole_graph_and_counts_its_bytes(small):
 
 def test_latency_pool_overlaps_and_stays_within_staleness(small):
     cfg = TrainConfig(model="gcn", hidden=16, epochs=3, patience=0, partitions=2, intervals=3, staleness=1,
-                      tensor_workers=8, task_latency_s=0.02, straggler_min_s=60.0).resolved()
+                      tensor_workers=8, task_latency_s=0.02, straggler_min_s=60.0, sync_warmup=0).resolved()
     a = train_engine(cfg, small, evaluate=False)
     b = train_engine(dataclasses.replace(cfg, tensor_workers=3), small, evaluate=False)
     assert [r["loss"] for r in a.history] == [r["loss"] for r in b.history]

@@ -26,7 +26,7 @@ def kafka_train(bootstrap: str, out, data_dir, staleness: str, run_id: str, epoc
                 extra=(), timeout: float = 600) -> subprocess.CompletedProcess:
     argv = [sys.executable, "-m", "pipelines.cli", "train", "--dataset", "cora", "--data-dir", str(data_dir),
             "--model", "gcn", "--partitions", "2", "--intervals", "4", "--staleness", staleness,
-            "--epochs", str(epochs), "--patience", "0", "--transport", "kafka", "--bootstrap", bootstrap,
+            "--sync-warmup", "0", "--epochs", str(epochs), "--patience", "0", "--transport", "kafka", "--bootstrap", bootstrap,
             "--spawn-local", "--run-id", run_id, "--out", str(out), "--quiet", *extra]
     return subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
 

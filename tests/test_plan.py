@@ -40,8 +40,9 @@ EPOCHS = 4
 @pytest.fixture(scope="module")
 def measured(tmp_path_factory):
     out = tmp_path_factory.mktemp("plan-cal")
+    # no synchronous warm-up: the run is too short for one, and the staleness gates are what it measures
     cfg = TrainConfig(dataset=SPEC, partitions=2, intervals=2, staleness=S, tensor_workers=2, epochs=EPOCHS,
-                      patience=0).resolved()
+                      patience=0, sync_warmup=0).resolved()
     graph = load_dataset(SPEC, None, seed=0)
     (out / "config.toml").write_text(cfg.to_toml())
     with LoopMeter() as meter:   # the graph servers' loop passes, as plan_check does
@@ -140,7 +141,7 @@ def test_simulation_follows_the_staleness_mode(measured):
     out, _, m, sim, shape = measured
     costs, _ = calibrate(out)
     cfg = TrainConfig(dataset=SPEC, partitions=2, intervals=2, staleness=S, tensor_workers=2, epochs=EPOCHS,
-                      patience=0, staleness_mode="stale").resolved()
+                      patience=0, staleness_mode="stale", sync_warmup=0).resolved()
     stale = simulate(local_layout(cfg, costs), costs, shape, m.stages, epochs=EPOCHS)
     assert _check_constraints(stale.rows, m.stages, 2, S, StalenessMode.STALE) > 0
     assert stale.epoch_time() <= sim.epoch_time() * 1.03  # within 3%, as in the S = 0 check above
@@ -226,7 +227,7 @@ def test_poll_loop_costs_cpu_but_keeps_the_task_order(measured):
     out, _, m, sim, shape = measured
     costs, _ = calibrate(out)
     cfg = TrainConfig(dataset=SPEC, partitions=2, intervals=2, staleness=S, tensor_workers=2, epochs=EPOCHS,
-                      patience=0).resolved()
+                      patience=0, sync_warmup=0).resolved()
     c0 = dataclasses.replace(costs, poll_s=0.0)
     base = simulate(local_layout(cfg, c0), c0, shape, m.stages, epochs=EPOCHS)
     c = dataclasses.replace(costs, poll_s=2e-4)

@@ -18,7 +18,7 @@ def engine_run(tmp_path_factory, data_dir):
     out = tmp_path_factory.mktemp("runs") / "cora-engine"
     out.mkdir()
     cfg = TrainConfig(model="gcn", epochs=4, patience=0, partitions=2, intervals=2, staleness=1,
-                      tensor_workers=2).resolved()
+                      tensor_workers=2, sync_warmup=0).resolved()
     train_engine(cfg, cora, out=out)
     return out
 

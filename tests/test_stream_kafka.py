@@ -161,7 +161,7 @@ def test_late_events_are_applied_by_the_next_round_with_the_engine(kafka_bootstr
     send(verts, ring, labels, events_batch(["w1"], 2100, "add_edge", [0], dst=[2]))
     # Row-normalized features, with which the warm-start bound below was set (raw ones, "auto"'s choice for
     # these random features, keep less of round 0's progress at round 1's first epoch: 1.04 against 1.02).
-    cfg = TrainConfig(epochs=4, partitions=2, staleness=1, feature_norm="row").resolved()
+    cfg = TrainConfig(epochs=4, partitions=2, staleness=1, feature_norm="row", sync_warmup=0).resolved()
     opts = StreamOptions(bootstrap=kafka_bootstrap, events_topic=topic, out=str(tmp_path),
                          models_topic=_topic("models"), round_interval_s=1.0, first_round_epochs=40,
                          round_epochs=4, until_idle_s=4.0, num_classes=3)

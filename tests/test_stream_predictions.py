@@ -132,7 +132,7 @@ def test_engine_rounds_keep_their_partitions_and_compile_per_bucket(kafka_bootst
         p.send(topic, value=encode_events(b), partition=0)
     p.flush()
     p.close()
-    cfg = TrainConfig(epochs=5, partitions=2, intervals=2, staleness=1).resolved()
+    cfg = TrainConfig(epochs=5, partitions=2, intervals=2, staleness=1, sync_warmup=0).resolved()
     opts = StreamOptions(bootstrap=kafka_bootstrap, events_topic=topic, out=str(tmp_path), round_interval_s=1.0,
                          models_topic=f"{topic}-models", first_round_epochs=3, round_epochs=2, until_idle_s=1.5,
                          num_classes=3, predict="none")

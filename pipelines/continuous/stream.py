@@ -445,8 +445,10 @@ class Stream(IngestMixin, PersistMixin):
             # Decided once, on the first round's graph: a choice that flipped between rounds would hand the
             # warm-started weights differently scaled inputs. The checkpoint's config keeps it.
             self.cfg = dataclasses.replace(self.cfg, feature_norm=resolve_feature_norm(graph.features, "auto"))
-        cfg = dataclasses.replace(self.cfg, epochs=epochs, seed=seed, out=None)
         opt = self._unflatten_opt(graph) if self.opt_leaves is not None else None
+        # A warm-started round goes on from trained weights: the synchronous warm-up is the first round's alone.
+        warmup = self.cfg.sync_warmup if opt is None else 0
+        cfg = dataclasses.replace(self.cfg, epochs=epochs, seed=seed, out=None, sync_warmup=warmup)
         small = graph.num_nodes < 4 * cfg.partitions * cfg.intervals
         tr = self._round_trainer()
         dg = dg if dg is not None else tr.device_graph(graph)

@@ -40,6 +40,12 @@ class GhostReader:
             pred[e] = new + (e - e_ghost) * (new - old)
         return pred[e]
 
+    def observe(self, key, store: dict, e: int) -> None:
+        """Epoch e read its own ghost rows (a synchronous warm-up epoch): fold them into the ghost average, so
+        the stale epochs after the warm-up read an average over every epoch, as if it had been read all along."""
+        if self.mode in (StalenessMode.SMOOTH, StalenessMode.SMOOTH_ZERO):
+            self._average(key, store, e)
+
     def _average(self, key, store: dict, e_ghost: int) -> np.ndarray:
         """PipeGCN-GF's smoothing (Wan et al., ICLR 2022): m(t) = γ m(t-1) + (1-γ) v(t) over the ghost rows v(t)
         of epochs t <= e_ghost, bias-corrected as Adam's moments are (the first epochs get a plain average, not

@@ -26,7 +26,7 @@ from ops.xla import to_device
 from pipelines.engine.ghosts import GhostReader
 from pipelines.engine.spans import clock
 from pipelines.engine.messages import EngineError, check_routing
-from pipelines.engine.param_server import weight_version, weights_due
+from pipelines.engine.param_server import staleness_at, weight_version, weights_due
 from pipelines.engine.stragglers import InFlight, StragglerLimits
 from schemas.tasks import Channel, Direction, Lifecycle, Message, StageKind, StalenessMode, Step, TaskKind
 
@@ -64,12 +64,12 @@ class GraphServer:
     owned vertices; num_partitions: graph servers in the run; staleness: S, or None for synchronous; epochs:
     how many it runs; seed: dropout seeds; loss_scale: 1 / training vertices of the whole graph; straggler_k /
     straggler_min_s: relaunch a task after max(min_s, k x the p90 time of its kind) (`pipelines.engine.stragglers`);
-    start_epoch: where a resumed run starts."""
+    start_epoch: where a resumed run starts; sync_warmup: epochs below it run with S = 0 (`staleness_at`)."""
 
     def __init__(self, transport, plan, model: models.Model, model_spec: dict, *, features: np.ndarray,
                  labels: np.ndarray, train_mask: np.ndarray, num_partitions: int, staleness: int | None,
                  epochs: int, seed: int, loss_scale: float, straggler_k: float = 2.0, straggler_min_s: float = 0.5,
-                 start_epoch: int = 0, staleness_mode: StalenessMode = StalenessMode.SMOOTH):
+                 start_epoch: int = 0, staleness_mode: StalenessMode = StalenessMode.SMOOTH, sync_warmup: int = 0):
         self.transport = transport
         self.plan = plan
         self.partition = plan.partition
@@ -81,6 +81,7 @@ class GraphServer:
         self.staleness = 0 if staleness is None else staleness
         self.sync_barrier = staleness is None
         self.mode = StalenessMode(staleness_mode)
+        self.sync_warmup = sync_warmup
         self.epochs = epochs
         self.seed = seed
         self.scale = loss_scale
@@ -175,7 +176,11 @@ class GraphServer:
 
     # ------------------------------------------------------------------------------------------------ helpers
     def version_for(self, e: int) -> int:
-        return weight_version(e, self.staleness, self.mode, self.start_epoch)
+        return weight_version(e, self.staleness, self.mode, self.start_epoch, self.sync_warmup)
+
+    def _bound(self, e: int) -> int:
+        """The staleness bound of epoch e: 0 during the synchronous warm-up, S after."""
+        return staleness_at(e, self.staleness, self.sync_warmup)
 
     def seed_for(self, e: int, s: int) -> int:
         return _epoch_seeds(self.seed, e, len(self.stages))[s]
@@ -209,7 +214,7 @@ class GraphServer:
         if len(self.fwd_done[ps][e]) < self.num_intervals:
             self._gate = "local"
             return None
-        e_ghost = max(e - self.staleness, self.start_epoch)
+        e_ghost = max(e - self._bound(e), self.start_epoch)
         wm = self.ghost_wm[(ps, name)]
         if wm and min(wm.values()) < e_ghost:
             self._gate = "ghosts"
@@ -217,6 +222,9 @@ class GraphServer:
         if self.sync_barrier and len(self.global_wm[(Direction.FORWARD, ps, e)]) < self.num_partitions - 1:
             self._gate = "barrier"
             return None
+        if wm and e_ghost == e and self.staleness > 0:
+            # a warm-up epoch: the ghost average the stale epochs after it read covers these values too
+            self.ghosts.observe((ps, name), self.fwd[(ps, name)], e)
         return e if not wm else e_ghost
 
     def _col_input(self, i: int, e: int, ps: int, name: str) -> np.ndarray | None:
@@ -443,7 +451,7 @@ class GraphServer:
         # SMOOTH and PREDICT wait for this epoch's ghost gradients: stale ones, even smoothed, apply part of every
         # gradient S epochs late, and full-batch Adam oscillates on delayed gradients (README).
         fresh = self.mode in (StalenessMode.SMOOTH, StalenessMode.SMOOTH_ZERO, StalenessMode.PREDICT)
-        e_ghost = e if fresh else max(e - self.staleness, self.start_epoch)
+        e_ghost = e if fresh else max(e - self._bound(e), self.start_epoch)
         wm = self.bwd_wm[(ps, name)]
         if wm and min(wm.values()) < e_ghost:
             self._gate = "ghost_grads"

@@ -28,10 +28,17 @@ from pipelines.engine.messages import EngineError
 from schemas.tasks import Channel, Lifecycle, Message, StalenessMode, TaskKind
 
 
-def weight_version(epoch: int, staleness: int, mode: StalenessMode, start_epoch: int = 0) -> int:
+def staleness_at(epoch: int, staleness: int, sync_warmup: int = 0) -> int:
+    """The bound epoch `epoch` runs under: 0 for the first `sync_warmup` epochs of a run (they read this epoch's
+    ghost values and gradients, as S=0 does), S after. Staleness costs most while the values change fastest,
+    the first epochs of full-batch Adam (README, 'Bounded staleness')."""
+    return 0 if epoch < sync_warmup else staleness
+
+
+def weight_version(epoch: int, staleness: int, mode: StalenessMode, start_epoch: int = 0, sync_warmup: int = 0) -> int:
     """The weight version epoch `epoch` runs its forward and backward passes with (a fixed one: deterministic)."""
     if mode is StalenessMode.STALE:
-        return max(epoch - staleness, start_epoch)
+        return max(epoch - staleness_at(epoch, staleness, sync_warmup), start_epoch)
     return max(epoch, start_epoch)
 
 

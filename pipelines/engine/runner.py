@@ -102,7 +102,7 @@ def build_graph_server(cfg: TrainConfig, graph: Graph, transport, partition: int
         train_mask=graph.train_mask[pp.owned], num_partitions=cfg.partitions, staleness=cfg.staleness,
         epochs=cfg.epochs if epochs is None else epochs, seed=cfg.seed, loss_scale=1.0 / max(ctx.n_train, 1),
         straggler_k=cfg.straggler_k, straggler_min_s=cfg.straggler_min_s, start_epoch=start_epoch,
-        staleness_mode=cfg.staleness_mode)
+        staleness_mode=cfg.staleness_mode, sync_warmup=cfg.sync_warmup)
 
 
 def make_tensor_workers(cfg: TrainConfig, transport, model_spec: dict) -> TensorWorker:

@@ -282,7 +282,7 @@ def local_layout(cfg, costs: Costs, *, background: float | None = None, cores: f
     bg = costs.background if background is None else background
     machine = costs.cores if cores is None else cores
     return Layout("local", cfg.partitions, workers, backend=backend, staleness=cfg.staleness,
-                  staleness_mode=StalenessMode(cfg.staleness_mode), cores=PROCESS_CORES,
+                  staleness_mode=StalenessMode(cfg.staleness_mode), sync_warmup=cfg.sync_warmup, cores=PROCESS_CORES,
                   background=max(0.0, (bg + 1.0) / machine - 1.0),
                   task_latency_s=cfg.task_latency_s, net=Network(local_latency_s=costs.local_latency_s),
                   straggler_k=cfg.straggler_k, straggler_min_s=cfg.straggler_min_s)

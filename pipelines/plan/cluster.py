@@ -81,6 +81,7 @@ class Layout:
     backend: str = "pool"                 # "pool" (local threads), "lambda", or "inline" (cpu-only)
     staleness: int | None = 0
     staleness_mode: StalenessMode = StalenessMode.PREDICT   # what S >= 1 makes stale (the engine's modes)
+    sync_warmup: int = 0                  # epochs run at S = 0 first (a plan's candidates model the steady state)
     cores: float = 2.0                    # local: the machine's cores
     background: float = 0.0               # local: other runnable threads sharing them (the machine's load)
     task_latency_s: float = 0.0           # local: --task-latency-s

@@ -10,7 +10,7 @@ import collections
 
 from ops import models
 from pipelines.engine.stragglers import InFlight, StragglerLimits
-from pipelines.engine.param_server import weight_version, weights_due
+from pipelines.engine.param_server import staleness_at, weight_version, weights_due
 from pipelines.plan import des
 from pipelines.plan.shape import Step, Task, group_of, schedule, step_task, widths, wrt_inputs
 from schemas.tasks import StalenessMode
@@ -31,6 +31,7 @@ class GraphServerSim:
         self.S = 0 if L.staleness is None else L.staleness
         self.sync_barrier = L.staleness is None
         self.mode = StalenessMode(L.staleness_mode)
+        self.warmup = L.sync_warmup
         self.stages = world.stages
         self.sched = schedule(self.stages)
         self.group_of = group_of(self.stages)
@@ -82,11 +83,12 @@ class GraphServerSim:
         return f"graph server {self.p}: epochs {self.epoch}, steps {self.step}, in flight {len(self.inflight)}"
 
     def version_for(self, e: int) -> int:
-        return weight_version(e, self.S, self.mode)
+        return weight_version(e, self.S, self.mode, sync_warmup=self.warmup)
 
     def grad_epoch(self, e: int) -> int:
         """The epoch of the ghost gradients a backward step of epoch e reads (the engine's `_bwd_total`)."""
-        return e if self.mode is StalenessMode.PREDICT else max(e - self.S, 0)
+        fresh = self.mode in (StalenessMode.SMOOTH, StalenessMode.SMOOTH_ZERO, StalenessMode.PREDICT)
+        return e if fresh else max(e - staleness_at(e, self.S, self.warmup), 0)
 
     def receive(self, msg: Msg) -> None:
         self.inbox.put(msg)
@@ -131,7 +133,7 @@ class GraphServerSim:
             return None
         if len(self.fwd_done[ps][e]) < self.K:
             return "local"
-        e_ghost = max(e - self.S, 0)
+        e_ghost = max(e - staleness_at(e, self.S, self.warmup), 0)
         wm = self.ghost_wm[(ps, name)]
         if wm and min(wm.values()) < e_ghost:
             return "ghosts"
