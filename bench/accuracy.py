@@ -10,8 +10,9 @@ line per configuration with the per-seed accuracies and the published mean.
 Example: python bench/accuracy.py --datasets cora citeseer cora-ml amazon-computers coauthor-cs --models gcn gat
 --seeds 10.
 `--preset planted` runs the bounded-staleness rows of issue 13 instead: GCN hidden 64, 150 epochs, P = 4 x 8,
-staleness none, 1, 2 and 1 with async WU on planted graphs of 50,000 and 169,343 vertices (hours on 2 cores).
-Measured (raw features, as feature_norm auto picks; --staleness-mode smooth; see PLANTED_MEASURED).
+staleness none, 1, 2 and 1 with async WU on planted graphs of 50,000 and 169,343 vertices (about 20 minutes on
+2 cores). Measured (raw features, as feature_norm auto picks; --staleness-mode smooth, --sync-warmup 20 and 0;
+see PLANTED_MEASURED).
 """
 from __future__ import annotations
 
@@ -41,6 +42,9 @@ PLANTED_MEASURED = {
     (50000, "s2"): {0: 0.8975, 1: 0.9002, 2: 0.8892},
     (169343, "none"): {0: 0.9072, 1: 0.9056, 2: 0.9037}, (169343, "s1"): {0: 0.9064, 1: 0.8992, 2: 0.9009},
     (169343, "s2"): {0: 0.8899, 1: 0.9012, 2: 0.8973},
+    # the default synchronous warm-up of 20 epochs (stop 34; `none` does not change); W=0 is the rows above
+    (50000, "s1-w20"): {0: 0.9039, 1: 0.8933, 2: 0.9057}, (50000, "s2-w20"): {0: 0.9041, 1: 0.8937, 2: 0.9063},
+    (169343, "s1-w20"): {0: 0.8897, 1: 0.8976, 2: 0.9055}, (169343, "s2-w20"): {0: 0.8916, 1: 0.8982, 2: 0.9055},
 }
 
 
@@ -58,13 +62,14 @@ def _parse(argv):
     p.add_argument("--hidden", type=int, default=None, help="hidden width (default: the model's)")
     p.add_argument("--epochs", type=int, default=None, help="epochs (default: the config's)")
     p.add_argument("--staleness-mode", default="smooth", choices=["smooth", "smooth-zero", "predict", "fresh", "stale"])
-    p.add_argument("--sync-warmup", type=int, default=0, help="engine runs: the first W epochs at S = 0")
+    p.add_argument("--sync-warmup", type=int, default=None,
+                   help="engine runs: the first W epochs at S = 0 (default: the config's, 20)")
     p.add_argument("--preset", choices=["planted"], help="planted: the large-graph staleness rows (see above)")
     args = p.parse_args(argv)
     if args.preset == "planted":
         args.datasets = [f"synthetic:planted?nodes={n}&classes=10&degree=10&features=64" for n in (50000, 169343)]
         args.models, args.engines = ["gcn"], ["none", "s1", "s2", "async1"]
-        args.partitions, args.intervals, args.hidden, args.epochs = 4, 8, 64, 150
+        args.partitions, args.intervals, args.hidden, args.epochs = 4, 8, 64, args.epochs or 150
         args.seeds = min(args.seeds, 3)
     return args
 
@@ -84,6 +89,8 @@ def main(argv=None) -> int:
         for model in args.models:
             hidden = args.hidden or (SHCHUR_HIDDEN if shchur and model != "gat" else None)
             extra = {k: v for k, v in (("hidden", hidden), ("epochs", args.epochs)) if v is not None}
+            warm = {} if args.sync_warmup is None else {"sync_warmup": args.sync_warmup}
+            warmup = TrainConfig(**warm).sync_warmup
             for eng in args.engines:
                 accs = []
                 for seed in range(args.first_seed, args.first_seed + args.seeds):
@@ -98,20 +105,19 @@ def main(argv=None) -> int:
                         s = None if eng == "none" else int(eng.lstrip("asyncs"))
                         cfg = TrainConfig(model=model, seed=seed, partitions=args.partitions,
                                           intervals=args.intervals, staleness=s, wu=wu,
-                                          staleness_mode=args.staleness_mode, sync_warmup=args.sync_warmup,
-                                          **extra).resolved()
+                                          staleness_mode=args.staleness_mode, **warm, **extra).resolved()
                         r = train_engine(cfg, graph)
                     accs.append(r.summary["test_acc"])
                     print(json.dumps({"bench": "accuracy", "dataset": ds, "model": model, "engine": eng,
                                       "partitions": args.partitions, "intervals": args.intervals,
-                                      "staleness_mode": args.staleness_mode, "sync_warmup": args.sync_warmup,
+                                      "staleness_mode": args.staleness_mode, "sync_warmup": warmup,
                                       "seed": seed, "hidden": hidden,
                                       "test_acc": r.summary["test_acc"], "best_epoch": r.summary["best_epoch"],
                                       "epochs": r.summary["epochs"], "seconds": r.summary["seconds"],
                                       "val_acc": [round(h["val_acc"], 4) for h in r.history]}), flush=True)
                 print(json.dumps({"bench": "accuracy-summary", "dataset": ds, "model": model, "engine": eng,
                                   "partitions": args.partitions, "intervals": args.intervals,
-                                  "staleness_mode": args.staleness_mode, "sync_warmup": args.sync_warmup,
+                                  "staleness_mode": args.staleness_mode, "sync_warmup": warmup,
                                   "seeds": args.seeds,
                                   "mean_test_acc": float(np.mean(accs)), "std_test_acc": float(np.std(accs)),
                                   "test_accs": [round(a, 4) for a in accs],
