@@ -164,6 +164,8 @@ CMD_CASES = {
     "train-unknown-flag": Cmd(f"{TRAIN} {DS} --frobnicate", r"unrecognized arguments: --frobnicate"),
     "train-staleness-negative": Cmd(f"{TRAIN} {DS} --partitions 2 --staleness -1", r"staleness"),
     "train-staleness-word": Cmd(f"{TRAIN} {DS} --partitions 2 --staleness lots", r"staleness"),
+    "train-sync-warmup-negative": Cmd(f"{TRAIN} {DS} --partitions 2 --staleness 1 --sync-warmup -3",
+                                      r"sync_warmup must be an integer >= 0"),
     "train-partitions-zero": Cmd(f"{TRAIN} {DS} --partitions 0", r"partitions must be >= 1"),
     "train-partitions-beyond-vertices": Cmd(f"{TRAIN} {DS} --partitions 500",
                                             r"partitions \(500\) exceeds the graph's 90 vertices"),

@@ -268,7 +268,7 @@ def test_sync_warmup_runs_its_epochs_at_s0_then_the_bound_applies(planted_cut, m
     # a warm-up of 3: the first 3 epochs are S=0's, then the bound is reached and the run departs from S=0
     part = run(2, 3)
     assert [h["loss"] for h in part.history][:3] == losses[:3]
-    assert part.summary["max_staleness_observed"] == 2
+    assert part.summary["max_staleness_observed"] == 2 and part.summary["sync_warmup"] == 3
     assert [h["loss"] for h in part.history][3:] != losses[3:]
     assert [h["loss"] for h in run(2, 3).history] == [h["loss"] for h in part.history]  # deterministic
     # without the warm-up the stale run departs from S=0 at once

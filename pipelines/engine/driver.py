@@ -188,6 +188,7 @@ def engine_summary(cfg: TrainConfig, graph: Graph, driver: EpochDriver, stats: R
         "intervals": cfg.intervals,
         "staleness": "none" if cfg.staleness is None else cfg.staleness,
         "staleness_mode": cfg.staleness_mode,
+        "sync_warmup": cfg.sync_warmup,
         "wu": cfg.wu,
         "tensor_workers": cfg.tensor_workers,
         **(after_workers or {}),
