@@ -18,6 +18,9 @@ from schemas.tasks import StalenessMode
 #: 50,000-vertex planted graph at P=4 x 8 (0.8975 against 0.891; S=1 0.901 and 0.902; synchronous 0.909). Lower γ,
 #: a progress-tied γ and trend-corrected smoothing (Holt, Brown) lag less but damp less: README, 'Bounded staleness'
 GHOST_EMA = 0.98
+#: the modes whose backward waits for this epoch's ghost gradients: stale ones, even smoothed, apply part of every
+#: gradient S epochs late, and full-batch Adam oscillates on delayed gradients (README)
+FRESH_GHOST_GRADS = frozenset({StalenessMode.SMOOTH, StalenessMode.SMOOTH_ZERO, StalenessMode.PREDICT})
 
 
 class GhostReader:

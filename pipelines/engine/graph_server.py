@@ -23,7 +23,7 @@ from ops.host import host_empty, host_zeros
 from ops.optim import dropout_seeds
 from ops.tasks import BLOCK_ARRAYS, ROW_LOCAL_KINDS, backward_fn, forward_fn, gather_transpose_fn
 from ops.xla import to_device
-from pipelines.engine.ghosts import GhostReader
+from pipelines.engine.ghosts import FRESH_GHOST_GRADS, GhostReader
 from pipelines.engine.spans import clock
 from pipelines.engine.messages import EngineError, check_routing
 from pipelines.engine.param_server import staleness_at, weight_version, weights_due
@@ -448,9 +448,7 @@ class GraphServer:
         if local is None:
             self._gate = "local"
             return None
-        # SMOOTH and PREDICT wait for this epoch's ghost gradients: stale ones, even smoothed, apply part of every
-        # gradient S epochs late, and full-batch Adam oscillates on delayed gradients (README).
-        fresh = self.mode in (StalenessMode.SMOOTH, StalenessMode.SMOOTH_ZERO, StalenessMode.PREDICT)
+        fresh = self.mode in FRESH_GHOST_GRADS
         e_ghost = e if fresh else max(e - self._bound(e), self.start_epoch)
         wm = self.bwd_wm[(ps, name)]
         if wm and min(wm.values()) < e_ghost:

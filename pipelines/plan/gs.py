@@ -9,6 +9,7 @@ from __future__ import annotations
 import collections
 
 from ops import models
+from pipelines.engine.ghosts import FRESH_GHOST_GRADS
 from pipelines.engine.stragglers import InFlight, StragglerLimits
 from pipelines.engine.param_server import staleness_at, weight_version, weights_due
 from pipelines.plan import des
@@ -87,8 +88,7 @@ class GraphServerSim:
 
     def grad_epoch(self, e: int) -> int:
         """The epoch of the ghost gradients a backward step of epoch e reads (the engine's `_bwd_total`)."""
-        fresh = self.mode in (StalenessMode.SMOOTH, StalenessMode.SMOOTH_ZERO, StalenessMode.PREDICT)
-        return e if fresh else max(e - staleness_at(e, self.S, self.warmup), 0)
+        return e if self.mode in FRESH_GHOST_GRADS else max(e - staleness_at(e, self.S, self.warmup), 0)
 
     def receive(self, msg: Msg) -> None:
         self.inbox.put(msg)
