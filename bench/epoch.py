@@ -30,6 +30,8 @@ def main(argv=None) -> int:
     p.add_argument("--intervals", type=int, default=8)
     p.add_argument("--staleness", default="0,1", help="comma-separated staleness values for the engine runs")
     p.add_argument("--tensor-workers", type=int, default=2)
+    p.add_argument("--residual-cache-mb", type=int, default=1024,
+                   help="the engine pool's cache of AV forwards' residuals (0: every backward recomputes)")
     args = p.parse_args(argv)
 
     import numpy as np
@@ -43,7 +45,8 @@ def main(argv=None) -> int:
                               avg_degree=2.0 * args.edges / args.nodes, feature_dim=args.features, seed=args.seed)
     gen_s = time.perf_counter() - t0
     cfg = TrainConfig(model="gcn", hidden=args.hidden, layers=args.layers, order=args.order, seed=args.seed,
-                      dropout=0.5, epochs=args.epochs).resolved()
+                      dropout=0.5, epochs=args.epochs,
+                      residual_cache_mb=args.residual_cache_mb).resolved()
     w = whole_graph_epochs(graph, cfg, args.epochs)
     times = w["times"]
     single = {

@@ -7,7 +7,8 @@ row count they are padded back to here, so every kernel compiles once).
 
 These are what a tensor worker runs, in the local pool or on AWS Lambda: each takes the stage, its stashed
 parameters and the task's arrays, and returns arrays. Backward tasks recompute the stage's forward from the
-inputs the graph server kept (as Dorylus's Lambdas do) and return parameter and input gradients.
+inputs the graph server kept (as Dorylus's Lambdas do) and return parameter and input gradients; an AV_BWD on a
+worker that kept its forward's residuals (`Saved`: the local pools do) skips that forward's matrix products.
 """
 from __future__ import annotations
 
@@ -124,11 +125,42 @@ def chain_forward_fn(stages: tuple[Stage, ...]):
     return xla.jit(_chain_call(stages))
 
 
+#: What a saving forward keeps for its backward: the outputs of its matrix products. The elementwise work between
+#: them (activations, dropout masks from their counter-based keys) is recomputed in the backward, which costs a
+#: fraction of a product; keeping everything would write ~2.6x the bytes (the masks and every activation) and at an
+#: interval's shape was measured no faster than recomputing the whole forward.
+SAVE_POLICY = jax.checkpoint_policies.dots_saveable
+
+
 @functools.lru_cache(maxsize=None)
-def chain_backward_fn(stages: tuple[Stage, ...], wrt_inputs: tuple[str, ...]):
-    """jit(g(params, inputs, rows, seeds, out_grads) -> (param_grads by stage, input_grads)) for fused AV stages:
-    the VJP of the whole chain, its intermediates recomputed from the chain's input."""
-    return _vjp_wrt(_chain_call(stages), wrt_inputs)
+def chain_saving_fn(stages: tuple[Stage, ...], wrt_inputs: tuple[str, ...]):
+    """jit(f(params by stage name, inputs, rows, seeds) -> (outputs, pullback)) for one or more fused AV stages.
+
+    `pullback` is a `jax.tree_util.Partial` (its leaves are the saved residuals, `SAVE_POLICY`) that
+    `pullback_fn` turns into (param_grads by stage, input_grads for `wrt_inputs`). Every AV task's forward and
+    backward go through this one pair of programs: a backward that kept its forward's pullback and one that runs
+    the forward again get the same bits, so results do not depend on which one a worker could do."""
+    call = _chain_call(stages)
+
+    def f(p, inputs, rows, seeds):
+        const = {k: v for k, v in inputs.items() if k not in wrt_inputs}
+        var = {k: v for k, v in inputs.items() if k in wrt_inputs}
+        saved = jax.checkpoint(lambda p, var: call(p, {**const, **var}, rows, seeds), policy=SAVE_POLICY)
+        return jax.vjp(saved, p, var)
+
+    return xla.jit(f)
+
+
+@functools.lru_cache(maxsize=None)
+def pullback_fn():
+    """jit(g(pullback, out_grads) -> (param_grads, input_grads)): the backward of a `chain_saving_fn` forward;
+    out_grads must name every output (zeros for those no later stage reads)."""
+    return xla.jit(lambda pullback, out_grads: pullback(out_grads))
+
+
+def pullback_bytes(pullback) -> int:
+    """Bytes of the residuals a pullback holds."""
+    return sum(int(leaf.nbytes) for leaf in jax.tree_util.tree_leaves(pullback))
 
 
 @functools.lru_cache(maxsize=None)
@@ -213,19 +245,36 @@ def block_from_arrays(arrays: dict, rows: int, cols: int):
 BLOCK_ARRAYS = ("data", "indices", "indptr", "row_ids", "row_gids", "col_gids")
 
 
+class Saved(NamedTuple):
+    """An AV forward's pullback (`chain_saving_fn`) and the shapes and dtypes of the outputs it pulls back."""
+
+    pullback: object
+    outputs: dict
+
+    @property
+    def nbytes(self) -> int:
+        return pullback_bytes(self.pullback)
+
+
 def run_tensor_task(model: models.Model, kind: str, stage_index: int, params: dict, arrays: dict,
-                    meta: dict) -> tuple[dict, dict, dict]:
+                    meta: dict, keep=None, saved: Saved | None = None) -> tuple[dict, dict, dict]:
     """Run one tensor task; returns (result arrays for the graph server, parameter gradients by stage name,
-    scalar statistics). kinds: AV, AE (forward), LAST (fused AV + loss + backward), LOSS, AV_BWD, AE_BWD."""
+    scalar statistics). kinds: AV, AE (forward), LAST (fused AV + loss + backward), LOSS, AV_BWD, AE_BWD.
+
+    A worker that can hold state between tasks passes `keep` (called with an AV forward's `Saved`) and hands
+    an AV_BWD the `saved` its forward kept: the backward then skips the forward's matrix products. Without
+    `saved` the backward runs the forward's program again; both give the same bits."""
     st = model.stages[stage_index]
     if meta.get("rows") is not None and kind in ROW_LOCAL_KINDS and st.kind != StageKind.AE:
         arrays, n = pad_rows(arrays, int(meta["rows"]))
         out, grads, scalars = run_tensor_task(model, kind, stage_index, params, arrays,
-                                              {k: v for k, v in meta.items() if k != "rows"})
+                                              {k: v for k, v in meta.items() if k != "rows"}, keep, saved)
         # sliced on the host: a device slice compiles once per distinct row count, and a growing graph (or
         # intervals of unequal sizes) has many
         return {k: np.asarray(v)[:n] for k, v in out.items()}, grads, scalars
     chain = task_stages(model, stage_index, meta)
+    if st.kind == StageKind.AV and kind in (TaskKind.AV, TaskKind.AV_BWD):
+        return _run_av(model, kind, chain, params, arrays, meta, keep, saved)
     if len(chain) > 1:
         return _run_chain(model, kind, chain, params, arrays, meta)
     seed = None if meta.get("seed") is None else np.uint32(meta["seed"])
@@ -238,10 +287,7 @@ def run_tensor_task(model: models.Model, kind: str, stage_index: int, params: di
                                                   arrays["mask"], seed, np.float32(meta["scale"]))
         return {"dh": gh}, gp, {"loss_sum": float(s), "count": float(n), "correct": float(c)}
     p = params.get(st.name, {})
-    if st.kind == StageKind.AV:
-        adj = Rows(arrays["row_gids"])
-        inputs = {"h": arrays["h"]}
-    elif st.kind == StageKind.AE:
+    if st.kind == StageKind.AE:
         adj = block_from_arrays(arrays, arrays["s_dst"].shape[0], arrays["s_src"].shape[0])
         inputs = {"s_src": arrays["s_src"], "s_dst": arrays["s_dst"]}
     else:
@@ -271,12 +317,31 @@ def _run_chain(model: models.Model, kind: str, chain: tuple[int, ...], params: d
         s, n, c, gp, gh = loss_chain_fn(loss_stage, stages)(p, arrays["h"], rows, arrays["labels"], arrays["mask"],
                                                              seeds, np.float32(meta["scale"]))
         return {"dh": gh}, gp, {"loss_sum": float(s), "count": float(n), "correct": float(c)}
-    p = {nm: params[nm] for nm in names}
-    inputs = {"h": arrays["h"]}
-    if kind == TaskKind.AV:
-        return dict(chain_forward_fn(stages)(p, inputs, rows, seeds)), {}, {}
-    if kind == TaskKind.AV_BWD:
-        out_grads = {k[2:]: v for k, v in arrays.items() if k.startswith("g_")}
-        gp, gin = chain_backward_fn(stages, tuple(meta.get("wrt", ())))(p, inputs, rows, seeds, out_grads)
-        return {f"d_{k}": v for k, v in gin.items()}, dict(gp), {}
     raise ValueError(f"{kind} task cannot run fused stages {list(chain)}")
+
+
+def _run_av(model: models.Model, kind: str, chain: tuple[int, ...], params: dict, arrays: dict, meta: dict,
+            keep, saved: Saved | None) -> tuple[dict, dict, dict]:
+    """An AV forward or AV_BWD over one AV stage or a chain of them, through `chain_saving_fn`."""
+    stages = tuple(model.stages[k] for k in chain)
+    wrt = tuple(meta.get("wrt", ()))
+    if saved is None:
+        p = {st.name: params[st.name] for st in stages if st.has_params}
+        out, pullback = chain_saving_fn(stages, wrt)(p, {"h": arrays["h"]}, Rows(arrays["row_gids"]),
+                                                     _seeds(meta, chain))
+        saved = Saved(pullback, {k: (v.shape, v.dtype) for k, v in out.items()})
+        if kind == TaskKind.AV:
+            if keep is not None:
+                keep(saved)
+            return dict(out), {}, {}
+    if kind != TaskKind.AV_BWD:
+        raise ValueError(f"{kind} task was handed a saved forward")
+    out_grads = {k[2:]: v for k, v in arrays.items() if k.startswith("g_")}
+    if set(out_grads) - set(saved.outputs):
+        raise ValueError(f"AV_BWD names gradients of {sorted(set(out_grads) - set(saved.outputs))}, which the "
+                         f"stage does not write")
+    # every output needs a cotangent: zeros for those no later stage reads
+    out_grads = {k: out_grads[k] if k in out_grads else np.zeros(shape, dtype)
+                 for k, (shape, dtype) in saved.outputs.items()}
+    gp, gin = pullback_fn()(saved.pullback, out_grads)
+    return {f"d_{k}": v for k, v in gin.items()}, dict(gp), {}

@@ -75,6 +75,9 @@ def _train_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--delay-s", type=float, help="mean injected delay (exponential), seconds")
     g.add_argument("--task-latency-s", type=float, help="fixed latency added to every tensor task of a local pool "
                                                         "(a remote worker's round trip; the worker sleeps)")
+    g.add_argument("--residual-cache-mb", type=int, metavar="MB",
+                   help="a local pool keeps each AV forward's residuals for its backward, up to MB MiB (default "
+                        "1024; 0: every backward runs its forward again, as a Lambda does)")
     g.add_argument("--straggler-k", type=float, help="relaunch a late task after max(min, k x its kind's p90 time)")
     g.add_argument("--straggler-min-s", type=float)
     g.add_argument("--transport", choices=["memory", "kafka"])

@@ -69,6 +69,7 @@ class TrainConfig:
     delay_rate: float = 0.0
     delay_s: float = 0.0
     task_latency_s: float = 0.0         # fixed added latency per tensor task (a remote worker's round trip)
+    residual_cache_mb: int = 1024       # a local pool keeps AV forwards' residuals for their backward (0: none)
     transport: str = "memory"
     bootstrap: str | None = None
     broker_timeout: float = 120.0       # kafka: a role that no broker has answered this long (s) fails
@@ -148,6 +149,9 @@ class TrainConfig:
         need(0.0 <= self.delay_rate <= 1.0, f"delay_rate must be in [0, 1], got {self.delay_rate}")
         need(self.delay_s >= 0, f"delay_s must be >= 0, got {self.delay_s}")
         need(self.task_latency_s >= 0, f"task_latency_s must be >= 0, got {self.task_latency_s}")
+        need(isinstance(self.residual_cache_mb, int) and not isinstance(self.residual_cache_mb, bool)
+             and self.residual_cache_mb >= 0,
+             f"residual_cache_mb must be an integer >= 0 (MiB), got {self.residual_cache_mb!r}")
         need(not (self.task_latency_s > 0 and self.tensor_workers == "aws"),
              "task_latency_s models a remote worker's latency on a local pool; tensor_workers = aws has its own")
         need(self.straggler_k > 0, f"straggler_k must be > 0, got {self.straggler_k}")

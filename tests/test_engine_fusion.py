@@ -109,6 +109,43 @@ def test_latency_pool_overlaps_and_stays_within_staleness(small):
     assert a.summary["tensor_concurrency_peak"] >= 3  # intervals' tasks wait out their latency together
 
 
+def test_kept_residuals_are_used_and_change_no_bit(small):
+    cfg = TrainConfig(model="gcn", hidden=16, epochs=3, patience=0, partitions=2, intervals=3, staleness=1,
+                      tensor_workers=3, straggler_min_s=60.0, sync_warmup=0).resolved()
+    kept = train_engine(cfg, small, evaluate=False)
+    redone = train_engine(dataclasses.replace(cfg, residual_cache_mb=0), small, evaluate=False)
+    assert [r["loss"] for r in kept.history] == [r["loss"] for r in redone.history]
+    for stage, p in kept.params.items():
+        for name, w in p.items():
+            np.testing.assert_array_equal(np.asarray(w), np.asarray(redone.params[stage][name]))
+    # one fused AV0+AV1 backward per interval and epoch, each finding its forward's residuals
+    rc = kept.summary["tensor_pool"]["residual_cache"]
+    assert rc["hits"] == 2 * 3 * len(kept.history) and rc["misses"] == 0 and rc["refused"] == 0
+    assert "residual_cache" not in redone.summary["tensor_pool"]
+
+
+def test_residual_cache_refuses_when_full_and_matches_epoch_and_version():
+    from pipelines.engine.tensor_worker import ResidualCache
+    from schemas.tasks import Message
+
+    class Kept:
+        nbytes = 600
+
+    cache = ResidualCache(1000)
+    cache.put(Message(TaskKind.AV, 0, 1, 0, 0, 5), Kept())
+    cache.put(Message(TaskKind.AV, 0, 1, 1, 0, 5), Kept())   # over the cap: not kept
+    assert cache.take(Message(TaskKind.AV_BWD, 0, 1, 1, 0, 5)) is None
+    assert cache.take(Message(TaskKind.AV_BWD, 0, 1, 0, 0, 6)) is None   # another weight version
+    assert cache.take(Message(TaskKind.AV_BWD, 1, 1, 0, 0, 5)) is None   # another epoch
+    assert cache.take(Message(TaskKind.AV_BWD, 0, 1, 0, 0, 5)) is not None
+    assert cache.take(Message(TaskKind.AV_BWD, 0, 1, 0, 0, 5)) is None   # taken once
+    # a newer forward of the same interval replaces the older one, whose backward ran elsewhere
+    cache.put(Message(TaskKind.AV, 0, 1, 2, 0, 5), Kept())
+    cache.put(Message(TaskKind.AV, 1, 1, 2, 0, 6), Kept())
+    assert cache.take(Message(TaskKind.AV_BWD, 1, 1, 2, 0, 6)) is not None
+    assert cache.stats()["hits"] == 2 and cache.stats()["refused"] == 1 and cache.bytes == 0
+
+
 def test_lambda_handler_runs_fused_unpadded_tasks():
     from ops import lambda_handler as LH
     from ops.params import flatten

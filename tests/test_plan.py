@@ -219,6 +219,12 @@ def test_task_latency_setting_is_validated():
     assert TrainConfig(task_latency_s=0.01).resolved().engine
 
 
+@pytest.mark.parametrize("bad", [-1, 1.5, True, "64"])
+def test_residual_cache_setting_is_validated(bad):
+    with pytest.raises(ConfigError, match="residual_cache_mb must be an integer >= 0"):
+        TrainConfig(residual_cache_mb=bad).resolved()
+
+
 def test_poll_loop_costs_cpu_but_keeps_the_task_order(measured):
     """A local graph server's poll loop (every 2 ms while tasks are in flight) takes CPU from the process's
     core: the epoch is no faster, the tasks run in the same order, and the graph servers are busier."""

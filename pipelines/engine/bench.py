@@ -71,4 +71,5 @@ def engine_epochs(graph: Graph, cfg: TrainConfig, *, partitions: int, intervals:
         "epoch_s_median": float(np.median(times[1:])), "utilization": s["utilization"], "busy_s": s["busy_s"],
         "max_staleness_observed": s["max_staleness_observed"], "final_loss": r.history[-1]["loss"],
         "partition_stats": s["partition_stats"],
+        "residual_cache": s.get("tensor_pool", {}).get("residual_cache"),
     }

@@ -188,6 +188,10 @@ class GraphServer:
     def _needs_grad(self, ps: int) -> bool:
         return ps != -1 and self.req_grad[ps]
 
+    def _wrt(self, s: int) -> tuple[str, ...]:
+        """The inputs of stage s whose gradient a backward must return (their producer needs it)."""
+        return tuple(n for n in models.reads(self.stages[s]) if self._needs_grad(self.producers[s][n]))
+
     def _span(self, kind: str, e: int, i: int, t0: float, t1: float | None = None, detail=None, lane=None) -> None:
         if self.spans is not None:
             self.spans.add(lane or self.lane, kind, e, i, t0, clock() if t1 is None else t1, detail)
@@ -676,6 +680,8 @@ class GraphServer:
             blk = self.blocks[i]
             arrays = {**inputs, "row_gids": self.plan.intervals[i].row_gids}
             meta = {"seed": seed, **self._group_meta(e, s)}
+            if st.kind == StageKind.AV:  # a worker that keeps the forward's residuals keeps them for these
+                meta["wrt"] = list(self._wrt(s))
             if st.kind == StageKind.AE:
                 arrays.update({k: getattr(blk, k) for k in BLOCK_ARRAYS})
             if kind in (Step.LAST, Step.LOSS):
@@ -691,7 +697,7 @@ class GraphServer:
             return self._wait(i, self._gate)
         self._took_out_grads(i, e, group[-1])
         self._end_wait(i, e, f"B{s}")
-        wrt = tuple(n for n in models.reads(st) if self._needs_grad(self.producers[s][n]))
+        wrt = self._wrt(s)
         if not wrt and not any(self.stages[k].has_params for k in group):
             ist.step += 1
             return True

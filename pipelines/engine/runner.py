@@ -110,7 +110,7 @@ def make_tensor_workers(cfg: TrainConfig, transport, model_spec: dict) -> Tensor
     cfg.tensor_workers "aws" (AWS Lambda), "auto" (an autotuned local pool) or N (a local pool of N threads);
     model_spec: the `ops.spec.ModelSpec` JSON the workers rebuild the model from."""
     faults = dict(fail_rate=cfg.fail_rate, delay_rate=cfg.delay_rate, delay_s=cfg.delay_s, seed=cfg.seed,
-                  task_latency_s=cfg.task_latency_s)
+                  task_latency_s=cfg.task_latency_s, residual_cache_mb=cfg.residual_cache_mb)
     mode = getattr(cfg, "mode", "serverless")
     tw = cfg.tensor_workers
     if mode == "cpu-only":

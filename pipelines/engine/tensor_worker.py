@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import abc
 import collections
+import functools
 import math
 import threading
 import time
@@ -50,6 +51,59 @@ class WeightCache:
             return self._versions[version]
 
 
+class ResidualCache:
+    """AV forwards' residuals (`ops.tasks.Saved`) that a local pool keeps for the same interval's AV_BWD, within
+    a byte cap.
+
+    The backward then skips its forward's matrix products (about a fifth of the dense work of a GCN epoch). A
+    miss (the cache was full, the forward ran in another process, the weight version differs) only means the
+    backward runs the forward again, with the same bits, so hits change no result. A full cache takes no new
+    entries instead of evicting old ones: the oldest are the closest to their backward."""
+
+    def __init__(self, max_bytes: int):
+        self.max_bytes = max_bytes
+        self._entries: dict[tuple, tuple[int, int, object, int]] = {}   # (partition, interval, stage) -> entry
+        self.bytes = self.peak_bytes = 0
+        self.hits = self.misses = self.refused = 0
+        self._lock = threading.Lock()
+
+    def put(self, msg: Message, saved) -> None:
+        nbytes = saved.nbytes
+        key = (msg.partition, msg.interval, msg.stage)
+        with self._lock:
+            old = self._entries.pop(key, None)   # an older epoch's forward whose backward ran elsewhere
+            if old is not None:
+                self.bytes -= old[3]
+            if self.bytes + nbytes > self.max_bytes:
+                self.refused += 1
+                return
+            self._entries[key] = (msg.epoch, msg.version, saved, nbytes)
+            self.bytes += nbytes
+            self.peak_bytes = max(self.peak_bytes, self.bytes)
+
+    def take(self, msg: Message):
+        """The residuals kept for backward task `msg` (same interval, epoch and weight version), or None."""
+        key = (msg.partition, msg.interval, msg.stage)
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is None or entry[:2] != (msg.epoch, msg.version):
+                self.misses += 1
+                return None
+            del self._entries[key]
+            self.bytes -= entry[3]
+            self.hits += 1
+            return entry[2]
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+            self.bytes = 0
+
+    def stats(self) -> dict:
+        return {"hits": self.hits, "misses": self.misses, "refused": self.refused,
+                "peak_mb": round(self.peak_bytes / 2**20, 1), "max_mb": round(self.max_bytes / 2**20, 1)}
+
+
 class TensorWorker(abc.ABC):
     """The interface of every tensor-worker backend: runs the tensor tasks (`schemas.tasks.TENSOR_TASK_KINDS`)
     sent on the tensor channel, replies on the graph server's result channel and sends dW to the parameter
@@ -72,9 +126,17 @@ class TensorWorker(abc.ABC):
         return {}
 
 
-def execute(model: models.Model, msg: Message, params: dict) -> tuple[Message, dict | None]:
-    """Run a task message against a weight version; returns the reply for the graph server and the dW (if any)."""
-    arrays, grads, scalars = run_tensor_task(model, msg.kind, msg.stage, params, msg.arrays, msg.meta)
+def execute(model: models.Model, msg: Message, params: dict,
+            residuals: ResidualCache | None = None) -> tuple[Message, dict | None]:
+    """Run a task message against a weight version; returns the reply for the graph server and the dW (if any).
+    With `residuals`, an AV forward keeps its residuals there and an AV_BWD reads its forward's."""
+    keep = saved = None
+    if residuals is not None and msg.kind == TaskKind.AV:
+        keep = functools.partial(residuals.put, msg)
+    elif residuals is not None and msg.kind == TaskKind.AV_BWD:
+        saved = residuals.take(msg)
+    arrays, grads, scalars = run_tensor_task(model, msg.kind, msg.stage, params, msg.arrays, msg.meta,
+                                             keep=keep, saved=saved)
     reply = Message(msg.kind, msg.epoch, msg.stage, msg.interval, msg.partition, msg.version,
                     arrays={k: np.asarray(v) for k, v in arrays.items()},
                     meta={"attempt": msg.meta.get("attempt", 0), **scalars})
@@ -92,15 +154,20 @@ class LocalPool(TensorWorker):
     invocation over the network): the worker thread sleeps, which holds no core and releases the GIL, so a pool
     of N such workers behaves like N remote ones. It is not billed (Lambda bills the function's run, not the
     network around it).
+
+    The pool's workers share one `ResidualCache` of `residual_cache_mb` (0: none), so a backward skips the
+    matrix products of its forward when the same pool ran that forward.
     """
 
     def __init__(self, transport, model_spec: dict, size: int, *, fail_rate: float = 0.0, delay_rate: float = 0.0,
-                 delay_s: float = 0.0, seed: int = 0, weight_timeout: float = 120.0, task_latency_s: float = 0.0):
+                 delay_s: float = 0.0, seed: int = 0, weight_timeout: float = 120.0, task_latency_s: float = 0.0,
+                 residual_cache_mb: float = 0.0):
         self.transport = transport
         self.model = models.from_spec(model_spec)
         self.size = size
         self.fail_rate, self.delay_rate, self.delay_s = fail_rate, delay_rate, delay_s
         self.task_latency_s = task_latency_s
+        self.residuals = ResidualCache(int(residual_cache_mb * 2**20)) if residual_cache_mb > 0 else None
         self.rng = np.random.default_rng(seed + 7919)
         self.rng_lock = threading.Lock()
         self.weights = WeightCache()
@@ -182,7 +249,7 @@ class LocalPool(TensorWorker):
         if self.task_latency_s > 0:
             time.sleep(self.task_latency_s)
         t0 = time.perf_counter()
-        reply, grads = execute(self.model, msg, params)
+        reply, grads = execute(self.model, msg, params, self.residuals)
         dt = time.perf_counter() - t0
         if delay:
             with self._lock:
@@ -208,9 +275,12 @@ class LocalPool(TensorWorker):
         self._stop.set()
         for th in self._threads:
             th.join(timeout=5)
+        if self.residuals is not None:
+            self.residuals.clear()
 
     def stats(self) -> dict:
         return {"workers": self.size, "tasks": self.tasks, "busy_s": self.busy_s, "injected_failures": self.failed,
                 "injected_delays": self.delayed, "billed_ms": self.billed_ms,
                 "duplicates_skipped": self.duplicates_skipped,
-                "peak_concurrency": self.peak_concurrency}
+                "peak_concurrency": self.peak_concurrency,
+                **({"residual_cache": self.residuals.stats()} if self.residuals is not None else {})}
