@@ -545,11 +545,17 @@ class KafkaTransport(Transport):
             if self._dl_reader is None:
                 self._dl_reader = kafka.KafkaConsumer(bootstrap_servers=self.bootstrap,
                                                       client_id=f"{self.client_id}-dl",
+                                                      metadata_max_age_ms=METADATA_MAX_AGE_MS,
                                                       bootstrap_timeout_ms=int(self.connect_timeout_s * 1000),
                                                       **self.security)
             tp = kafka.TopicPartition(self.topic(DEAD_LETTER), 0)
             return int(self._dl_reader.end_offsets([tp], timeout_ms=int(timeout_s * 1000))[tp])
         except kafka.errors.KafkaError:
+            # A reader that lived through a broker restart kept timing out on every later call (each epoch row
+            # then waited the whole timeout and lost its count); the next call builds a fresh one.
+            reader, self._dl_reader = self._dl_reader, None
+            if reader is not None:
+                reader.close()
             return None
 
     def stats(self) -> dict:
