@@ -266,6 +266,8 @@ def run_tensor_task(model: models.Model, kind: str, stage_index: int, params: di
     `saved` the backward runs the forward's program again; both give the same bits."""
     st = model.stages[stage_index]
     if meta.get("rows") is not None and kind in ROW_LOCAL_KINDS and st.kind != StageKind.AE:
+        if saved is not None:  # a kept forward: the backward reads its output gradients alone
+            arrays = {k: v for k, v in arrays.items() if k.startswith("g_") or k == "row_gids"}
         arrays, n = pad_rows(arrays, int(meta["rows"]))
         out, grads, scalars = run_tensor_task(model, kind, stage_index, params, arrays,
                                               {k: v for k, v in meta.items() if k != "rows"}, keep, saved)

@@ -8,7 +8,7 @@ from pipelines.data.graph import gcn_normalize
 from pipelines.data.registry import load_dataset
 from pipelines.engine import ghosts, graph_server, stragglers
 from pipelines.engine.messages import EngineError, Message
-from pipelines.engine.partition import _chunks, _ladder, build_plan
+from pipelines.engine.partition import _chunks, _equal_rows, _ladder, build_plan
 from pipelines.engine.runner import build_engine, train_engine
 from pipelines.train import train
 from schemas.tasks import TaskKind
@@ -100,20 +100,28 @@ def test_only_unweighted_aggregations_get_whole_partition_blocks(cora):
                    for pp in run_context(cfg, cora).plan.partitions for iv in pp.intervals), model
 
 
-def test_a_plan_without_interval_blocks_keeps_the_intervals_rows_and_sizes(cora):
-    """build_plan(interval_blocks=False): the same intervals, padded row ids and plan-wide sizes (the stats the
-    schedule simulator reads) as a plan with blocks, and no block per interval: the whole blocks are the only
-    copy of the adjacency."""
+def test_a_plan_without_interval_blocks_cuts_intervals_of_its_padded_rows(cora):
+    """build_plan(interval_blocks=False): the same partitions and whole blocks as a plan with blocks, no block per
+    interval (the whole blocks are the only copy of the adjacency), and intervals of equal rows rather than
+    equal cost: every interval of a partition but its last fills the plan's padded rows, so its tasks need no
+    padding rows; a much smaller partition gets intervals within a row of equal."""
     a = gcn_normalize(cora.adj)
     full = build_plan(a, 3, 4, "metis", whole=True)
     lean = build_plan(a, 3, 4, "metis", whole=True, interval_blocks=False)
-    assert lean.stats == {**full.stats, "interval_blocks": False}
+    assert lean.stats["interval_blocks"] is False and lean.stats["edge_cut"] == full.stats["edge_cut"]
+    R = lean.rows_pad
+    assert R == -(-max(pp.num_owned for pp in lean.partitions) // 4)
     for pf, pl in zip(full.partitions, lean.partitions):
         assert np.array_equal(pf.owned, pl.owned) and np.array_equal(pf.ghosts, pl.ghosts)
         assert np.array_equal(pf.block.indices, pl.block.indices) and np.array_equal(pf.block.data, pl.block.data)
-        for f, l in zip(pf.intervals, pl.intervals):
-            assert (f.start, f.end, f.num_cols) == (l.start, l.end, l.num_cols) and l.block is None
-            assert np.array_equal(f.row_gids, l.row_gids) and np.array_equal(f.block.row_gids, l.row_gids)
+        ivs = pl.intervals
+        assert [iv.start for iv in ivs] == [0] + [iv.end for iv in ivs[:-1]] and ivs[-1].end == pl.num_owned
+        assert all(iv.block is None and iv.row_gids.size == R for iv in ivs)
+        assert all(iv.end - iv.start == R for iv in ivs[:-1]) and 1 <= ivs[-1].end - ivs[-1].start <= R
+        for iv in ivs:
+            n = iv.end - iv.start
+            assert np.array_equal(iv.row_gids[:n], pl.owned[iv.start:iv.end]) and np.all(iv.row_gids[n:] == -1)
+    assert _equal_rows(9, 8, 2) == [(0, 1), (1, 2), (2, 3), (3, 4), (4, 6), (6, 7), (7, 8), (8, 9)]
     with pytest.raises(ValueError, match="whole blocks"):
         build_plan(a, 3, 4, "metis", interval_blocks=False)
 

@@ -30,6 +30,9 @@ class GhostReader:
         self.mode, self.start_epoch, self.n_own, self.n_cols = mode, start_epoch, n_own, n_cols
         self.pred = collections.defaultdict(dict)  # key -> e -> ghost rows extrapolated to epoch e
         self.ema = collections.defaultdict(dict)   # key -> e_ghost -> (sum, weight, EMA of ghost rows)
+        # averages of dropped epochs, written over again: a fresh array of ghost rows per epoch was faulted in
+        # and zeroed by the kernel page by page (16 MB per partition and epoch at ogbn-arxiv's size, P=4)
+        self._spare = collections.defaultdict(list)
 
     def read(self, key, store: dict, e: int, e_ghost: int) -> np.ndarray:
         """The ghost rows epoch e reads from `store` (epoch -> [n_cols, ...] rows of one stage output `key`)."""
@@ -66,19 +69,29 @@ class GhostReader:
         v = store[e_ghost][self.n_own:self.n_cols]
         if e_ghost == self.start_epoch:
             s, w = v.copy(), 1.0
-        elif e_ghost - 1 in ema:
-            s0, w0, _ = ema[e_ghost - 1]
-            s, w = np.multiply(s0, GHOST_EMA), GHOST_EMA * w0 + 1.0
-            s += v  # in place: the same sums as γ·s0 + v, one array of ghost rows fewer to allocate and fill
+        elif ema.get(e_ghost - 1, (None,))[0] is not None:
+            s0, w0, m0 = ema[e_ghost - 1]
+            # s0 is read once, to build this sum: updated in place (γ·s0 + v), its epoch keeps its average
+            ema[e_ghost - 1] = (None, w0, m0)
+            s, w = np.multiply(s0, GHOST_EMA, out=s0), GHOST_EMA * w0 + 1.0
+            s += v
         else:
             raise EngineError(f"ghost average of stage {key[0]} {key[1]}: epoch {e_ghost - 1} was never read")
         # s = Σ γ^(t-j) v(j) and w = Σ γ^(t-j): the bias-corrected average is s / w, m from 0 is (1-γ) s
-        ema[e_ghost] = (s, w, (1.0 - GHOST_EMA) * s if self.mode is StalenessMode.SMOOTH_ZERO else s / w)
-        return ema[e_ghost][2]
+        spare = self._spare[key]
+        m = spare.pop() if spare and spare[-1].shape == s.shape else np.empty_like(s)
+        if self.mode is StalenessMode.SMOOTH_ZERO:
+            np.multiply(s, 1.0 - GHOST_EMA, out=m)
+        else:
+            np.divide(s, w, out=m)
+        ema[e_ghost] = (s, w, m)
+        return m
 
     def drop_below(self, epoch: int) -> None:
         """Forget the derived rows of epochs below `epoch` (no task reads them any more)."""
         for stores in (self.pred, self.ema):
-            for st in stores.values():
+            for key, st in stores.items():
                 for e in [e for e in st if e < epoch]:
-                    del st[e]
+                    entry = st.pop(e)
+                    if stores is self.ema:
+                        self._spare[key][:] = [entry[2]]  # no reader holds it: each copies what it reads

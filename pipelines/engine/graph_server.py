@@ -116,6 +116,8 @@ class GraphServer:
         self._whole_out: dict[tuple[int, int], list] = {}   # (stage, epoch or -1 if static) -> [rows, takers]
         self._whole_grad: dict[tuple[int, int], list] = {}  # (stage, epoch) -> [row gradients, givers]
         self._static_cols: dict[int, jax.Array] = {}
+        self._views: dict[tuple[int, str], np.ndarray] = {}  # (ps, name) -> `_col_view`'s buffer
+        self._spare_grads: dict[tuple, np.ndarray] = {}       # shape -> a finished `_whole_backward` buffer
         self._static_ga: dict[tuple[int, int], dict] = {}  # (interval, stage) -> outputs of a GA over features
         self._col_split = [(np.flatnonzero(iv.cols < self.n_own), np.flatnonzero(iv.cols >= self.n_own))
                            for iv in plan.intervals]
@@ -265,7 +267,13 @@ class GraphServer:
             src = self.fwd[(ps, name)][e]
         if e_ghost == e and src.shape[0] == self.whole_dev.shape[1]:
             return to_device(src)  # the store is padded to the block's columns: read in place
-        view = host_zeros((self.whole_dev.shape[1], *src.shape[1:]), np.float32)
+        view = self._views.get((ps, name))
+        if view is None or view.shape[1:] != src.shape[1:]:
+            # written over every epoch: the GA reading it has finished when the next is built (this thread
+            # waits for its result), and its padding rows stay zero
+            view = host_zeros((self.whole_dev.shape[1], *src.shape[1:]), np.float32)
+            if ps != -1:
+                self._views[(ps, name)] = view
         if e_ghost == e:
             view[: self.n_cols] = src[: self.n_cols]
         else:
@@ -301,8 +309,7 @@ class GraphServer:
                 self.x_cols = None  # no stage gathers the features again
         full, takers = entry
         iv = self.plan.intervals[i]
-        out = host_zeros((self.rows_pad, *full.shape[1:]), np.float32)
-        out[: iv.end - iv.start] = full[iv.start:iv.end]
+        out = self._padded(full, iv)
         takers.add(i)
         if ps == -1:
             # Â·X never changes: each interval keeps its padded rows (read every epoch, no copy) and the
@@ -318,8 +325,9 @@ class GraphServer:
         iv = self.plan.intervals[i]
         entry = self._whole_grad.get((s, e))
         if entry is None:
-            entry = self._whole_grad[(s, e)] = [host_zeros((self.whole_dev.shape[0], *g.shape[1:]), np.float32),
-                                                set()]
+            shape = (self.whole_dev.shape[0], *g.shape[1:])
+            spare = self._spare_grads.pop(shape, None)  # every interval writes all its rows: padding stays 0
+            entry = self._whole_grad[(s, e)] = [host_zeros(shape, np.float32) if spare is None else spare, set()]
         entry[0][iv.start:iv.end] = g[: iv.end - iv.start]
         entry[1].add(i)
         if len(entry[1]) < self.num_intervals:
@@ -329,6 +337,7 @@ class GraphServer:
         total = gather_transpose_fn(self.stages[s].aggregator)(self.whole_dev,
                                                                 to_device(entry[0]))
         total = np.asarray(total)[: self.n_cols]
+        self._spare_grads[entry[0].shape] = entry[0]  # the transpose that read it has finished
         self.busy_s[TaskKind.GA_BWD] += clock() - t0
         self._span(TaskKind.GA_BWD, e, -1, t0, detail={"stage": s})
         self._col_grad_sum(e, self.producers[s]["h"], "h", total)
@@ -434,9 +443,7 @@ class GraphServer:
                 tot = self._bwd_total(s, name, e)
                 if tot is None:
                     return None
-                g = host_zeros((self.rows_pad, *tot.shape[1:]), np.float32)
-                g[: iv.end - iv.start] = tot[iv.start:iv.end]
-                grads[name] = g
+                grads[name] = self._padded(tot, iv)
             elif (s, name) in ist.grads:
                 grads[name] = ist.grads[(s, name)]
             elif self.row_consumers.get((s, name)):
@@ -603,6 +610,14 @@ class GraphServer:
         elif msg.kind in (TaskKind.AV_BWD, TaskKind.AE_BWD):
             self._deposit_input_grads(i, e, s, {k[2:]: v for k, v in arrays.items() if k.startswith("d_")})
         ist.step += 1
+
+    def _padded(self, rows: np.ndarray, iv) -> np.ndarray:
+        """Interval iv's rows of a partition-row array, padded to R rows: a view where the interval fills R."""
+        if iv.end - iv.start == self.rows_pad:
+            return rows[iv.start:iv.end]
+        out = host_zeros((self.rows_pad, *rows.shape[1:]), np.float32)
+        out[: iv.end - iv.start] = rows[iv.start:iv.end]
+        return out
 
     def _pad_rows(self, i: int, v: np.ndarray) -> np.ndarray:
         R = self.rows_pad

@@ -6,6 +6,7 @@ import dataclasses
 import numpy as np
 import scipy.sparse as sp
 
+from ops import models
 from ops.sparse import Adjacency, pad_ids
 from pipelines.config import ConfigError
 
@@ -133,6 +134,19 @@ def _chunks(indptr: np.ndarray, k: int) -> list[tuple[int, int]]:
     return [(int(bounds[i]), int(bounds[i + 1])) for i in range(k)]
 
 
+def _equal_rows(n: int, k: int, rows: int) -> list[tuple[int, int]]:
+    """k consecutive ranges of n rows where every gather runs over the whole block: a tensor task costs its rows,
+    so ranges of `rows` rows each (the plan's padded row count) and the remainder last; those need no padding
+    rows, and a task that fills its static shape is sent, padded and sliced without a copy (P=4 x 8 at
+    ogbn-arxiv's size: cost-balanced ranges held 5,268-5,305 rows, so every task was copied into a padded
+    buffer twice). A partition too small for that (METIS's imbalance, hash) gets ranges within a row of equal."""
+    if n > (k - 1) * rows:
+        bounds = [min(i * rows, n) for i in range(k)] + [n]
+    else:
+        bounds = [int(b) for b in np.linspace(0, n, k + 1).round()]
+    return [(bounds[i], bounds[i + 1]) for i in range(k)]
+
+
 #: a partition's blocks are padded to the plan's largest entry (and column) count divided by a power of this
 LADDER = 2.0
 
@@ -180,6 +194,12 @@ def _whole_pads(blocks: list, bucket: float | None) -> tuple[list[int], list[int
     return tuple(pads)
 
 
+def layout_for(stages) -> dict:
+    """`build_plan`'s whole / interval_blocks for a model's stages, as the engine builds its plan."""
+    whole = any(models.runs_whole(st) for st in stages)
+    return {"whole": whole, "interval_blocks": not whole or models.needs_interval_blocks(stages)}
+
+
 def build_plan(a_norm: sp.csr_matrix, num_parts: int, num_intervals: int, method: str = "metis",
                seed: int = 0, bucket: float | None = None, whole: bool = False,
                interval_blocks: bool = True) -> Plan:
@@ -213,6 +233,7 @@ def build_plan(a_norm: sp.csr_matrix, num_parts: int, num_intervals: int, method
     for o in owned_by:
         local_index[o] = np.arange(o.size)
 
+    equal_rows = -(-max(o.size for o in owned_by) // num_intervals)
     raw = []
     for p, owned in enumerate(owned_by):
         sub = a[owned]
@@ -225,7 +246,9 @@ def build_plan(a_norm: sp.csr_matrix, num_parts: int, num_intervals: int, method
         pos = np.full(n, -1, np.int64)
         pos[colspace] = np.arange(colspace.size)
         blocks = []
-        for i, (s, e) in enumerate(_chunks(sub.indptr, num_intervals)):
+        chunks = (_chunks(sub.indptr, num_intervals) if interval_blocks
+                  else _equal_rows(owned.size, num_intervals, equal_rows))
+        for i, (s, e) in enumerate(chunks):
             lo, hi = sub.indptr[s], sub.indptr[e]
             cols_local = pos[sub.indices[lo:hi]]
             ucols = _distinct(cols_local, colspace.size)

@@ -25,7 +25,7 @@ from pipelines.engine.driver import EpochDriver, RoleStats, add_cost, engine_sum
 from pipelines.engine.graph_server import GraphServer
 from pipelines.engine.messages import EngineError
 from pipelines.engine.param_server import ParameterServer
-from pipelines.engine.partition import build_plan
+from pipelines.engine.partition import build_plan, layout_for
 from pipelines.engine.pools import InlinePool, autotuned_pool
 from pipelines.engine.spans import SpanLog
 from pipelines.engine.tensor_worker import LocalPool, TensorWorker
@@ -70,9 +70,8 @@ def run_context(cfg: TrainConfig, graph: Graph, bucket: float | None = None) -> 
     spec = ModelSpec.for_graph(cfg, graph)
     model = spec.build()
     x, a = model_inputs(cfg, graph)
-    whole = any(models.runs_whole(st) for st in model.stages)
-    plan = build_plan(a, cfg.partitions, cfg.intervals, cfg.partitioner, cfg.seed, bucket=bucket, whole=whole,
-                      interval_blocks=not whole or models.needs_interval_blocks(model.stages))
+    plan = build_plan(a, cfg.partitions, cfg.intervals, cfg.partitioner, cfg.seed, bucket=bucket,
+                      **layout_for(model.stages))
     params = model.init(jax.random.PRNGKey(cfg.seed))
     tx = make_optimizer(cfg.lr, cfg.weight_decay, model.decay_mask(params))
     param_stages = [s.name for s in model.stages if s.has_params]

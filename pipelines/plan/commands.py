@@ -46,7 +46,7 @@ def _graph_source(args):
             raise ConfigError(f"--classes must be >= 2, got {c}")
         return n, m, f, c, functools.lru_cache(None)(
             lambda P, K: estimate(n, m, f, c, P, K, cut_fraction=args.cut_fraction))
-    from pipelines.engine.partition import build_plan
+    from pipelines.engine.partition import build_plan, layout_for
     from pipelines.train import model_inputs
 
     if args.prepared:
@@ -60,10 +60,11 @@ def _graph_source(args):
     _, a = model_inputs(TrainConfig(model=args.model).resolved(), graph)
     n, m = graph.num_nodes, int(graph.summary()["edges"])
     f, c = graph.feature_dim, graph.num_classes
+    layout = layout_for(build_stages(args.model, f, c).stages)  # the intervals the engine would run
 
     @functools.lru_cache(None)
     def shape_of(P, K):
-        return from_plan(build_plan(a, P, K, "metis", 0), n, m, f, c)
+        return from_plan(build_plan(a, P, K, "metis", 0, **layout), n, m, f, c)
 
     return n, m, f, c, shape_of
 
