@@ -26,9 +26,9 @@ from pipelines.engine.graph_server import GraphServer
 from pipelines.engine.messages import EngineError
 from pipelines.engine.param_server import ParameterServer
 from pipelines.engine.partition import build_plan, layout_for
-from pipelines.engine.pools import InlinePool, autotuned_pool
+from pipelines.engine.pools import InlinePool, QueuedPool, autotuned_pool
 from pipelines.engine.spans import SpanLog
-from pipelines.engine.tensor_worker import LocalPool, TensorWorker
+from pipelines.engine.tensor_worker import TensorWorker
 from pipelines.epochs import DeviceGraph, Evaluator, TrainResult, model_inputs, write_result
 from pipelines.transports.memory import MemoryTransport
 from schemas.tasks import Channel, Lifecycle
@@ -106,7 +106,8 @@ def build_graph_server(cfg: TrainConfig, graph: Graph, transport, partition: int
 
 def make_tensor_workers(cfg: TrainConfig, transport, model_spec: dict) -> TensorWorker:
     """The tensor-worker backend a config asks for: cfg.mode cpu-only (an inline pool per graph server), else
-    cfg.tensor_workers "aws" (AWS Lambda), "auto" (an autotuned local pool) or N (a local pool of N threads);
+    cfg.tensor_workers "aws" (AWS Lambda), "auto" (an autotuned local pool) or N (a local pool of N threads,
+    `QueuedPool`);
     model_spec: the `ops.spec.ModelSpec` JSON the workers rebuild the model from."""
     faults = dict(fail_rate=cfg.fail_rate, delay_rate=cfg.delay_rate, delay_s=cfg.delay_s, seed=cfg.seed,
                   task_latency_s=cfg.task_latency_s, residual_cache_mb=cfg.residual_cache_mb)
@@ -118,7 +119,7 @@ def make_tensor_workers(cfg: TrainConfig, transport, model_spec: dict) -> Tensor
         return AwsLambdaPool.from_config(cfg, transport, model_spec)
     if tw == "auto":
         return autotuned_pool(cfg, transport, model_spec, **faults)
-    return LocalPool(transport, model_spec, int(tw), **faults)
+    return QueuedPool(transport, model_spec, int(tw), **faults)  # fixed size: the most urgent task first
 
 
 def build_tensor_workers(cfg: TrainConfig, graph: Graph, transport, *,
