@@ -27,6 +27,17 @@ _STEP_OF = {TaskKind.AV: Step.FORWARD, TaskKind.AE: Step.FORWARD, TaskKind.LAST:
             TaskKind.LOSS: Step.LOSS, TaskKind.AV_BWD: Step.BACKWARD, TaskKind.AE_BWD: Step.BACKWARD}
 
 
+def task_urgency(schedule):
+    """msg -> its rank in a pool's queue (lower first), from an epoch schedule (`ops.models.epoch_schedule`): the
+    oldest epoch, then the task furthest along the schedule, then partition and interval. `TaskQueue` orders
+    by it, and so does the planner's simulated pool."""
+    pos = {step: i for i, step in enumerate(schedule)}
+
+    def rank(msg) -> tuple:
+        return (msg.epoch, -pos.get((_STEP_OF.get(msg.kind), msg.stage), 0), msg.partition, msg.interval)
+    return rank
+
+
 class TaskQueue(queue.PriorityQueue):
     """The pool's queue of tensor tasks, oldest epoch first and, within an epoch, the task furthest along the
     epoch's schedule first (then partition, interval, arrival).
@@ -39,12 +50,8 @@ class TaskQueue(queue.PriorityQueue):
 
     def __init__(self, model):
         super().__init__()
-        self._pos = {step: i for i, step in enumerate(models.epoch_schedule(model))}
+        self.rank = task_urgency(models.epoch_schedule(model))
         self._seq = itertools.count()
-
-    def rank(self, msg) -> tuple:
-        pos = self._pos.get((_STEP_OF.get(msg.kind), msg.stage), 0)
-        return (msg.epoch, -pos, msg.partition, msg.interval)
 
     def put(self, msg, block=True, timeout=None) -> None:
         super().put((self.rank(msg), next(self._seq), msg), block, timeout)

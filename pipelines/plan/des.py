@@ -95,10 +95,12 @@ class Signal:
 
 
 class Inbox:
-    """A FIFO of items; processes poll it (Poll) or take from it (Get)."""
+    """A FIFO of items, or with `key` a priority queue (the lowest key first, FIFO among equals); processes poll it
+    (Poll) or take from it (Get)."""
 
-    def __init__(self, loop: Loop):
+    def __init__(self, loop: Loop, key=None):
         self.loop = loop
+        self.key = key
         self.items: collections.deque = collections.deque()
         self._pollers: list = []   # (process, token)
         self._getters: collections.deque = collections.deque()
@@ -107,11 +109,20 @@ class Inbox:
         self.items.append(item)
         if self._getters:
             proc = self._getters.popleft()
-            self.loop.at(self.loop.now, proc.resume, self.items.popleft())
+            self.loop.at(self.loop.now, proc.resume, self.take())
             return
         pollers, self._pollers = self._pollers, []
         for proc, token in pollers:
             self.loop.at(self.loop.now, proc.wake, token)
+
+    def take(self) -> Any:
+        """The next item (the inbox is not empty)."""
+        if self.key is None:
+            return self.items.popleft()
+        best = min(range(len(self.items)), key=lambda k: self.key(self.items[k]))  # first of the lowest
+        item = self.items[best]
+        del self.items[best]
+        return item
 
     def drain(self) -> list:
         out = list(self.items)
@@ -152,7 +163,7 @@ class Process:
                 loop.after(cmd.timeout, self.wake, tok)
         elif isinstance(cmd, Get):
             if cmd.queue.items:
-                loop.at(loop.now, self.resume, cmd.queue.items.popleft())
+                loop.at(loop.now, self.resume, cmd.queue.take())
             else:
                 cmd.queue._getters.append(self)
         elif isinstance(cmd, Until):

@@ -1,7 +1,7 @@
 """The simulated tensor workers (local pool, Lambdas, cpu-only inline executors) and parameter server.
 
 Tensor workers mirror `pipelines.engine.tensor_worker.LocalPool` / `pools.InlinePool` / `aws_lambda.AwsLambdaPool`:
-take a task in arrival order, wait until its weight version is cached, run it, send dW to the parameter server
+take the most urgent task (`pipelines.engine.pools.task_urgency`), wait until its weight version is cached, run it, send dW to the parameter server
 and the result to its graph server. The parameter server mirrors `param_server.ParameterServer`: it collects
 dW per (partition, interval) and stage, applies WU once an epoch is complete and publishes the next version.
 """
@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import collections
 
+from pipelines.engine.pools import task_urgency
 from pipelines.plan import des
-from pipelines.plan.shape import Task, group_of
+from pipelines.plan.shape import Task, group_of, schedule
 from pipelines.plan.world import Msg, World
 
 PS_POLL_S = 0.05
@@ -93,7 +94,8 @@ class WorkerPoolSim:
         self.backend = L.backend
         self.n = L.partitions if L.backend == "inline" else L.workers
         nq = L.partitions if L.backend == "inline" else 1
-        self.queues = [des.Inbox(world.loop) for _ in range(nq)]
+        urgency = task_urgency(schedule(world.stages))  # the engine's pools take the most urgent task first
+        self.queues = [des.Inbox(world.loop, key=urgency) for _ in range(nq)]
         self.versions: set = set()
         self.signal = des.Signal(world.loop)
         self.servers: list = []
