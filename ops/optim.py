@@ -1,6 +1,8 @@
 """The optimizer the parameter server applies (WU): optax Adam with masked L2 weight decay."""
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import optax
 
@@ -11,8 +13,20 @@ def l2_decay(weight_decay: float, decay_mask) -> optax.GradientTransformation:
 
 
 def make_optimizer(lr: float, weight_decay: float, decay_mask) -> optax.GradientTransformation:
-    """Adam (Kingma & Ba, 2015) on gradients plus weight_decay · W for the masked weights (L2, as in Kipf's GCN)."""
+    """Adam (Kingma & Ba, 2015) on gradients plus weight_decay · W for the masked weights (L2, as in Kipf's GCN).
+
+    The same settings give the same (stateless) object, so a program jitted over it (the parameter server's WU)
+    compiles once per process, not once per continuous-training round that builds its optimizer again."""
+    if isinstance(decay_mask, dict) and all(isinstance(v, dict) for v in decay_mask.values()):
+        frozen = tuple(sorted((k, tuple(sorted(v.items()))) for k, v in decay_mask.items()))
+        return _optimizer(float(lr), float(weight_decay), frozen)
     return optax.chain(l2_decay(weight_decay, decay_mask), optax.adam(lr))
+
+
+@functools.lru_cache(maxsize=64)
+def _optimizer(lr: float, weight_decay: float, frozen_mask: tuple) -> optax.GradientTransformation:
+    mask = {k: dict(v) for k, v in frozen_mask}
+    return optax.chain(l2_decay(weight_decay, mask), optax.adam(lr))
 
 
 def dropout_seeds(seed: int, epoch: int, num_stages: int) -> np.ndarray:
