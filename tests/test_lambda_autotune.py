@@ -69,22 +69,28 @@ def _fast_tuner(monkeypatch, start=None):
         monkeypatch.setattr(pools, "autotune_start", lambda cfg: start)
 
 
-@pytest.mark.parametrize("start", [None, 1])
+@pytest.mark.parametrize("start", [24, 1])
 def test_local_pool_converges_with_injected_latency(monkeypatch, start):
-    """Every task is delayed (mean 30 ms): from min(#intervals, 100) = 8 workers the pool shrinks, from 1 it
-    grows, and either way the count settles; the numbers do not depend on it."""
+    """Every task is delayed (mean 30 ms). At most 8 tasks are in flight (one per interval, P=2 x 4), so from 24
+    workers (at most a third of them busy, under the shrink threshold) the pool shrinks, from 1 it grows, and
+    either way the count settles; the numbers do not depend on it. (From Dorylus's start, one worker per
+    interval = 8, shrinking needs the pipeline's gaps to leave the workers under a third busy: a faster epoch
+    under CI's load kept them busier and the pool rightly stayed at 8.)"""
     from pipelines.engine.runner import train_engine
 
-    _fast_tuner(monkeypatch, start)
     # 20 epochs: on a loaded machine the first shrink came as late as the 10th of 12 epochs' windows
     base = dict(model="gcn", partitions=2, intervals=4, epochs=20, straggler_min_s=10.0)
-    r = train_engine(TrainConfig(**base, tensor_workers="auto", delay_rate=1.0, delay_s=0.03).resolved(), cora())
+    cfg = TrainConfig(**base, tensor_workers="auto", delay_rate=1.0, delay_s=0.03).resolved()
+    assert pools.autotune_start(cfg) == 8  # Dorylus's start, before the test replaces it
+    _fast_tuner(monkeypatch, start)
+    r = train_engine(cfg, cora())
     a = r.summary["autotune"]
-    assert a["start"] == (8 if start is None else 1)
+    assert a["start"] == start
     counts = [h[1] for h in a["history"]]
     assert len(counts) >= 12, a
     assert len(set(counts[-6:])) == 1 and a["changes"] <= 4, counts  # converged: settled, after few changes
-    assert 2 <= a["final"] <= 8 and a["final"] != a["start"], a      # and moved toward the demand
+    assert 2 <= a["final"] and a["final"] != a["start"], a            # and moved toward the demand
+    assert a["final"] <= (8 if start == 1 else start), a
     assert r.summary["tensor_pool"]["backend"] == "local" and r.summary["tensor_pool"]["workers"] == a["final"]
     fixed = train_engine(TrainConfig(**base, tensor_workers=3).resolved(), cora())
     assert [h["loss"] for h in r.history] == pytest.approx([h["loss"] for h in fixed.history], abs=1e-6)
