@@ -8,11 +8,13 @@ derived value is computed once, from fixed epochs, in epoch order: runs stay det
 from __future__ import annotations
 
 import collections
+import types
 
 import numpy as np
 
+from ops import models
 from pipelines.engine.messages import EngineError
-from schemas.tasks import StalenessMode
+from schemas.tasks import StageKind, StalenessMode
 
 #: γ of the ghost-value average in StalenessMode.SMOOTH. PipeGCN-GF uses 0.95; 0.98 measured better at S=2 on a
 #: 50,000-vertex planted graph at P=4 x 8 (0.8975 against 0.891; S=1 0.901 and 0.902; synchronous 0.909). Lower γ,
@@ -21,6 +23,34 @@ GHOST_EMA = 0.98
 #: the modes whose backward waits for this epoch's ghost gradients: stale ones, even smoothed, apply part of every
 #: gradient S epochs late, and full-batch Adam oscillates on delayed gradients (README)
 FRESH_GHOST_GRADS = frozenset({StalenessMode.SMOOTH, StalenessMode.SMOOTH_ZERO, StalenessMode.PREDICT})
+#: the modes that read the ghost values of an input transform (`input_transforms`) of epoch e, whatever S: any
+#: estimate of them from older epochs cost 1.5 points where an average of the last layer's cost none (README)
+FRESH_INPUT_TRANSFORMS = FRESH_GHOST_GRADS
+
+
+def input_transforms(stages) -> frozenset[int]:
+    """The AV stages whose outputs are a function of the input features and this epoch's weights alone (a
+    transform before the first GA: GCN's first layer in the AV-first order, GAT's first projection).
+
+    Their ghost values are cheap to keep fresh: the producers compute them first thing in the epoch, all from
+    the same weight version, so the wait for them is the spread of one AV task across partitions. Stale, they
+    carry the old weights and dropout masks of the first layer through every later one: on
+    `synthetic:planted?nodes=20000&classes=8&degree=12&features=32` (GCN hidden 16, P=4, S=1, 5 seeds) every
+    estimate of them lost 1.1-1.6 points (the γ 0.98 average, γ 0.9, plain e - S), while fresh first-layer
+    ghosts with the averaged last layer were 0.2 points above synchronous (README, 'Bounded staleness')."""
+    prod = models.producers(types.SimpleNamespace(stages=tuple(stages)))
+    out: set[int] = set()
+    for st in stages:
+        if st.kind == StageKind.AV and all(p == -1 or p in out for p in prod[st.index].values()):
+            out.add(st.index)
+    return frozenset(out)
+
+
+def ghost_epoch(e: int, bound: int, start_epoch: int, producer: int, fresh: frozenset) -> int:
+    """The epoch of the ghost values of stage `producer` that a task of epoch e reads under staleness bound
+    `bound`: e for the `fresh` producers (`input_transforms` in `FRESH_INPUT_TRANSFORMS` modes), else e - bound
+    (no earlier than the start)."""
+    return e if producer in fresh else max(e - bound, start_epoch)
 
 
 class GhostReader:

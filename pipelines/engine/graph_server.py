@@ -3,7 +3,8 @@
 Each interval walks its own schedule (forward stages, then backward stages, epoch after epoch); a step fires as
 soon as its inputs are there, so GA of one interval overlaps AV of another on the tensor workers. Reads of ghost
 columns are gated by the ghost watermark (the last epoch every producing partition has sent): a task of epoch e
-reads ghost values of epoch max(e - S, 0) (smoothed over epochs in SMOOTH, extrapolated in PREDICT), owned values of epoch e
+reads ghost values of epoch max(e - S, 0) (smoothed over epochs in SMOOTH, extrapolated in PREDICT; those of an
+input transform of epoch e in both, `pipelines.engine.ghosts.input_transforms`), owned values of epoch e
 and the weight version `weight_version` names. Reading fixed versions, rather than whatever is newest, keeps runs
 deterministic; S = None adds a global barrier per layer.
 """
@@ -23,7 +24,8 @@ from ops.host import host_empty, host_zeros
 from ops.optim import dropout_seeds
 from ops.tasks import BLOCK_ARRAYS, ROW_LOCAL_KINDS, backward_fn, forward_fn, gather_transpose_fn
 from ops.xla import to_device
-from pipelines.engine.ghosts import FRESH_GHOST_GRADS, GhostReader
+from pipelines.engine.ghosts import (FRESH_GHOST_GRADS, FRESH_INPUT_TRANSFORMS, GhostReader, ghost_epoch,
+                                     input_transforms)
 from pipelines.engine.spans import clock
 from pipelines.engine.messages import EngineError, check_routing
 from pipelines.engine.param_server import staleness_at, weight_version, weights_due
@@ -135,6 +137,7 @@ class GraphServer:
         self.latest_version = -1
         self.start_epoch = start_epoch  # a resumed run starts here; it counts as epoch 0 for staleness
         self.ghosts = GhostReader(self.mode, self.start_epoch, self.n_own, self.n_cols)
+        self._fresh_ghosts = input_transforms(self.stages) if self.mode in FRESH_INPUT_TRANSFORMS else frozenset()
         self.epoch = [start_epoch] * self.num_intervals
         # Global ids of the rows SC sends to / receives from each partition (ghost rows travel as vertex blocks).
         self.sc_ids = {q: plan.owned[idx].astype(np.int64) for q, idx in plan.send.items()}
@@ -220,7 +223,7 @@ class GraphServer:
         if len(self.fwd_done[ps][e]) < self.num_intervals:
             self._gate = "local"
             return None
-        e_ghost = max(e - self._bound(e), self.start_epoch)
+        e_ghost = ghost_epoch(e, self._bound(e), self.start_epoch, ps, self._fresh_ghosts)
         wm = self.ghost_wm[(ps, name)]
         if wm and min(wm.values()) < e_ghost:
             self._gate = "ghosts"
@@ -228,7 +231,7 @@ class GraphServer:
         if self.sync_barrier and len(self.global_wm[(Direction.FORWARD, ps, e)]) < self.num_partitions - 1:
             self._gate = "barrier"
             return None
-        if wm and e_ghost == e and self.staleness > 0:
+        if wm and e_ghost == e and self.staleness > 0 and ps not in self._fresh_ghosts:
             # a warm-up epoch: the ghost average the stale epochs after it read covers these values too
             self.ghosts.observe((ps, name), self.fwd[(ps, name)], e)
         return e if not wm else e_ghost

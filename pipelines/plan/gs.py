@@ -9,7 +9,7 @@ from __future__ import annotations
 import collections
 
 from ops import models
-from pipelines.engine.ghosts import FRESH_GHOST_GRADS
+from pipelines.engine.ghosts import FRESH_GHOST_GRADS, FRESH_INPUT_TRANSFORMS, ghost_epoch, input_transforms
 from pipelines.engine.stragglers import InFlight, StragglerLimits
 from pipelines.engine.param_server import staleness_at, weight_version, weights_due
 from pipelines.plan import des
@@ -34,6 +34,7 @@ class GraphServerSim:
         self.mode = StalenessMode(L.staleness_mode)
         self.warmup = L.sync_warmup
         self.stages = world.stages
+        self.fresh_ghosts = input_transforms(self.stages) if self.mode in FRESH_INPUT_TRANSFORMS else frozenset()
         self.sched = schedule(self.stages)
         self.group_of = group_of(self.stages)
         self.tasks = {(k, s): step_task(self.stages, k, s) for k, s in self.sched}
@@ -133,7 +134,7 @@ class GraphServerSim:
             return None
         if len(self.fwd_done[ps][e]) < self.K:
             return "local"
-        e_ghost = max(e - staleness_at(e, self.S, self.warmup), 0)
+        e_ghost = ghost_epoch(e, staleness_at(e, self.S, self.warmup), 0, ps, self.fresh_ghosts)
         wm = self.ghost_wm[(ps, name)]
         if wm and min(wm.values()) < e_ghost:
             return "ghosts"
