@@ -10,7 +10,8 @@
    Kafka (``dorylus train --transport kafka --spawn-local``) against the in-memory engine, same config, on the
    default synthetic graph and on a planted graph of ogbn-arxiv's size (169,343 vertices, 128 features, 40
    classes, GCN hidden 256: ``--epoch-graphs default,arxiv``), with the payload bytes per epoch on each channel
-   and their ratio to the model's minimum (``summary.json`` ``wire``).
+   and their ratio to the model's minimum (``summary.json`` ``wire``), once per ``--wire-dtype`` (float32 and
+   bfloat16 rows by default; the minimum counts the format's bytes per value).
 
 Without ``--bootstrap`` a private broker is started with infra/local/kafka.sh (and stopped at the end).
 """
@@ -144,7 +145,7 @@ EPOCH_GRAPHS = {"default": (None, None),
 
 
 def bench_epoch(bootstrap: str, epochs: int, partitions: int, intervals: int, graph_name: str = "default",
-                arxiv_epochs: int = 6) -> None:
+                arxiv_epochs: int = 6, wire_dtype: str = "float32") -> None:
     import dataclasses
 
     from pipelines.config import TrainConfig
@@ -153,7 +154,8 @@ def bench_epoch(bootstrap: str, epochs: int, partitions: int, intervals: int, gr
 
     spec, hidden = EPOCH_GRAPHS[graph_name]
     graph = load_dataset(spec)
-    cfg = TrainConfig(partitions=partitions, intervals=intervals, staleness=0, epochs=epochs, patience=0)
+    cfg = TrainConfig(partitions=partitions, intervals=intervals, staleness=0, epochs=epochs, patience=0,
+                      wire_dtype=wire_dtype)
     if hidden:
         cfg = dataclasses.replace(cfg, hidden=hidden)
     epochs = epochs if spec is None else min(epochs, arxiv_epochs)
@@ -162,7 +164,8 @@ def bench_epoch(bootstrap: str, epochs: int, partitions: int, intervals: int, gr
     with tempfile.TemporaryDirectory() as d:
         argv = [sys.executable, "-m", "pipelines.cli", "train", "--partitions", str(partitions), "--intervals",
                 str(intervals), "--staleness", "0", "--epochs", str(epochs), "--patience", "0", "--transport",
-                "kafka", "--bootstrap", bootstrap, "--spawn-local", "--out", os.path.join(d, "run"), "--quiet"]
+                "kafka", "--bootstrap", bootstrap, "--spawn-local", "--out", os.path.join(d, "run"), "--quiet",
+                "--wire-dtype", wire_dtype]
         argv += (["--dataset", spec] if spec else []) + (["--hidden", str(hidden)] if hidden else [])
         t0 = time.perf_counter()
         proc = subprocess.run(argv, capture_output=True, text=True)
@@ -180,7 +183,7 @@ def bench_epoch(bootstrap: str, epochs: int, partitions: int, intervals: int, gr
     wk, wm = kaf.get("wire", {}), mem.summary.get("wire", {})
     emit({"bench": "kafka.epoch", "graph": graph.name, "nodes": graph.num_nodes, "load_average":
           [round(x, 2) for x in os.getloadavg()], "partitions": partitions, "intervals": intervals,
-          "staleness": 0, "epochs": epochs, "memory_epoch_s": round(m, 4), "kafka_epoch_s": round(k, 4),
+          "staleness": 0, "wire_dtype": wire_dtype, "epochs": epochs, "memory_epoch_s": round(m, 4), "kafka_epoch_s": round(k, 4),
           "slowdown": round(k / m, 2), "memory_first_epoch_s": round(mem.history[0]["epoch_s"], 2),
           "kafka_first_epoch_s": round(rows[0]["epoch_s"], 2), "kafka_shutdown_s": round(kaf["shutdown_s"], 2),
           "kafka_wall_s": round(wall, 1), "memory_test_acc": mem.summary["test_acc"],
@@ -211,6 +214,8 @@ def main(argv=None) -> int:
     p.add_argument("--arxiv-epochs", type=int, default=6, help="epochs of the arxiv-sized rows (at most --epochs)")
     p.add_argument("--epoch-graphs", default="default,arxiv",
                    help=f"comma-separated graphs of the epoch rows: {', '.join(EPOCH_GRAPHS)}")
+    p.add_argument("--wire-dtype", nargs="+", default=["float32", "bfloat16"], choices=["float32", "bfloat16"],
+                   help="the epoch rows' wire formats (each graph once per format; memory and Kafka alike)")
     args = p.parse_args(argv)
     graphs = [g.strip() for g in args.epoch_graphs.split(",") if g.strip()]
     bad = [g for g in graphs if g not in EPOCH_GRAPHS]
@@ -228,7 +233,8 @@ def main(argv=None) -> int:
             bench_throughput(bootstrap, args.message_mb, args.messages, args.repeats)
         if not args.skip_epoch:
             for g in graphs:
-                bench_epoch(bootstrap, args.epochs, args.partitions, args.intervals, g, args.arxiv_epochs)
+                for w in args.wire_dtype:
+                    bench_epoch(bootstrap, args.epochs, args.partitions, args.intervals, g, args.arxiv_epochs, w)
     finally:
         if broker is not None:
             broker.close()

@@ -67,6 +67,9 @@ def _train_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--sync-warmup", type=int, metavar="W",
                    help="under S >= 1, the first W epochs read fresh ghost values and gradients (as S = 0), then the "
                         "bound applies: staleness costs most while full-batch Adam moves fastest (default 20; 0: none)")
+    g.add_argument("--wire-dtype", choices=["float32", "bfloat16"],
+                   help="row tensors between graph servers and tensor workers (tasks, results, ghost rows and "
+                        "gradients): float32 (default) or bfloat16, half the bytes on every transport")
     g.add_argument("--wu", choices=["sync", "async"], help="WU sums the epoch's gradients when all are in (sync) or folds each in as it arrives (async)")
     g.add_argument("--tensor-workers", help="N (a local pool of N workers), auto (a local pool autotuned from "
                                             "the task backlog) or aws (AWS Lambda; needs --function)")

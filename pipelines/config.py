@@ -14,7 +14,7 @@ else:  # pragma: no cover
     import tomli as tomllib
 import tomli_w
 
-from schemas.tasks import StalenessMode
+from schemas.tasks import StalenessMode, WireDtype
 
 
 class ConfigError(ValueError):
@@ -61,6 +61,7 @@ class TrainConfig:
     staleness: int | None = None
     staleness_mode: str = "smooth"      # what is stale under S >= 1: smooth, predict, fresh or stale (README)
     sync_warmup: int = 20               # the first epochs run with S = 0 (fresh ghosts), then the bound applies
+    wire_dtype: str = "float32"         # row tensors on the data channels: float32 or bfloat16 (half the bytes)
     wu: str = "sync"
     tensor_workers: int | str = 2       # local pool size, "auto" (autotuned local pool) or "aws" (Lambda)
     straggler_k: float = 2.0
@@ -129,6 +130,8 @@ class TrainConfig:
              f"staleness_mode must be smooth, smooth-zero, predict, fresh or stale, got {self.staleness_mode!r}")
         need(isinstance(self.sync_warmup, int) and not isinstance(self.sync_warmup, bool) and self.sync_warmup >= 0,
              f"sync_warmup must be an integer >= 0 (epochs), got {self.sync_warmup!r}")
+        need(self.wire_dtype in [d.value for d in WireDtype],
+             f"wire_dtype must be float32 or bfloat16, got {self.wire_dtype!r}")
         need(self.wu in ("sync", "async"), f"wu must be sync or async, got {self.wu!r}")
         need(self.tensor_workers in ("auto", "aws") or (isinstance(self.tensor_workers, int)
                                                         and not isinstance(self.tensor_workers, bool)

@@ -126,6 +126,7 @@ def _setup(args, role: str):
     from pipelines.config import build_config, load_toml
     from pipelines.data.registry import load_dataset
     from pipelines.transports.kafka import KafkaTransport
+    from pipelines.transports.wire import with_wire_dtype
 
     _watch_owner(args.owner_pid)
     cfg = build_config(load_toml(args.config), {"bootstrap": args.bootstrap, "data_dir": args.data_dir})
@@ -134,7 +135,7 @@ def _setup(args, role: str):
     share = (args.worker_id, args.workers) if hasattr(args, "worker_id") else (0, 1)
     t = KafkaTransport(bootstrap, args.run_id, cfg.partitions, linger_consumers=True, client_id=role,
                        work_share=share, broker_timeout_s=cfg.broker_timeout)
-    return cfg, graph, t
+    return cfg, graph, with_wire_dtype(t, cfg.wire_dtype)
 
 
 def _final(t, role: str, partition: int, stats: dict) -> None:

@@ -12,7 +12,7 @@ from enum import Enum
 
 import numpy as np
 
-__all__ = ["Word", "StageKind", "TaskKind", "TENSOR_TASK_KINDS", "Step", "Lifecycle", "Direction", "Channel",
+__all__ = ["Word", "StageKind", "TaskKind", "TENSOR_TASK_KINDS", "Step", "Lifecycle", "Direction", "Channel", "DATA_CHANNELS", "WireDtype",
            "Message", "copy_arrays", "freeze_arrays"]
 
 
@@ -87,6 +87,17 @@ class StalenessMode(Word):
     STALE = "stale"       # weights e - S; ghost values and ghost gradients of e - S (delayed gradients)
 
 
+class WireDtype(Word):
+    """What a float32 row tensor is on the data channels (`pipelines.transports.wire`)."""
+
+    FLOAT32 = "float32"
+    BFLOAT16 = "bfloat16"  # round-to-nearest-even bfloat16 bits: half the bytes, float32's exponent range
+
+    @property
+    def itemsize(self) -> int:
+        return 4 if self is WireDtype.FLOAT32 else 2
+
+
 class Lifecycle(Word):
     """Reports to the driver and commands from it (the kinds on the metrics and control channels)."""
 
@@ -114,6 +125,10 @@ class Channel(Word):
     WEIGHTS = "weights"            # parameter server -> everyone (new and retired versions)
     METRICS = "metrics"            # graph servers, parameter server -> driver
     CONTROL = "control"            # driver -> roles
+
+
+#: the channels that carry per-row tensors between graph servers and tensor workers
+DATA_CHANNELS = (Channel.TENSOR_TASKS, Channel.TENSOR_RESULTS, Channel.GHOSTS, Channel.GHOST_GRADS)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)

@@ -166,6 +166,8 @@ CMD_CASES = {
     "train-staleness-word": Cmd(f"{TRAIN} {DS} --partitions 2 --staleness lots", r"staleness"),
     "train-sync-warmup-negative": Cmd(f"{TRAIN} {DS} --partitions 2 --staleness 1 --sync-warmup -3",
                                       r"sync_warmup must be an integer >= 0"),
+    "train-wire-dtype-unknown": Cmd(f"{TRAIN} {DS} --partitions 2 --wire-dtype float16",
+                                    r"--wire-dtype: invalid choice: 'float16'"),
     "train-residual-cache-negative": Cmd(f"{TRAIN} {DS} --partitions 2 --residual-cache-mb -1",
                                          r"residual_cache_mb must be an integer >= 0"),
     "train-partitions-zero": Cmd(f"{TRAIN} {DS} --partitions 0", r"partitions must be >= 1"),

@@ -129,3 +129,25 @@ def test_bounded_staleness_over_kafka_lands_in_the_memory_engines_band(kafka_boo
     mem = train_engine(cfg, cora)
     assert abs(s["test_acc"] - mem.summary["test_acc"]) <= 0.02, (s["test_acc"], mem.summary["test_acc"])
     assert abs(s["best_val_acc"] - mem.summary["best_val_acc"]) <= 0.02
+
+
+def test_a_bfloat16_wire_over_kafka_equals_the_memory_engine_with_it(kafka_bootstrap, data_dir, cora, tmp_path):
+    # the narrowing is the transports' wrapper, not the codec's: both transports round the same values
+    out = tmp_path / "run"
+    proc = kafka_train(kafka_bootstrap, out, data_dir, "none", f"bf-{uuid.uuid4().hex[:8]}", epochs=6,
+                       extra=("--wire-dtype", "bfloat16"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    s = json.loads((out / "summary.json").read_text())
+    assert_exact_accounting(s)
+    w = s["wire"]
+    assert w["wire_dtype"] == "bfloat16" and w["ratio_to_minimum"] <= 1.3
+    # ghost rows: two bytes a value and their int64 ids
+    assert w["minimum_bytes_per_epoch"]["ghosts"] <= w["bytes_per_epoch"]["ghosts"] \
+        <= 1.5 * w["minimum_bytes_per_epoch"]["ghosts"]
+    cfg = build_config(load_toml(out / "config.toml"), {"transport": "memory"})
+    assert cfg.wire_dtype == "bfloat16"
+    mem = train_engine(cfg, cora)
+    l1 = np.array([r["loss"] for r in mem.history])
+    l2 = np.array([json.loads(line)["loss"] for line in (out / "metrics.jsonl").read_text().splitlines()])
+    assert np.max(np.abs(l1 - l2) / np.abs(l1)) < 1e-4
+    assert s["test_acc"] == pytest.approx(mem.summary["test_acc"])

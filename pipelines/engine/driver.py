@@ -20,7 +20,7 @@ from pipelines.config import TrainConfig
 from pipelines.data.graph import Graph
 from pipelines.epochs import NO_EVALUATION, EarlyStopping, Evaluator, device_graph, progress, summary_head
 from pipelines.transports.base import Transport
-from schemas.tasks import Channel, Lifecycle, Message, StageKind
+from schemas.tasks import DATA_CHANNELS, Channel, Lifecycle, Message, StageKind, WireDtype
 
 
 class EpochDriver:
@@ -213,14 +213,11 @@ def engine_summary(cfg: TrainConfig, graph: Graph, driver: EpochDriver, stats: R
     return summary
 
 
-#: channels whose bytes the model's minimum covers (activations and gradients between the stages)
-DATA_CHANNELS = (Channel.TENSOR_TASKS, Channel.TENSOR_RESULTS, Channel.GHOSTS, Channel.GHOST_GRADS)
-
-
-def wire_minimum(model: models.Model, in_dim: int, owned_rows: int, ghost_rows: int) -> dict | None:
+def wire_minimum(model: models.Model, in_dim: int, owned_rows: int, ghost_rows: int,
+                 itemsize: int = 4) -> dict | None:
     """Bytes per epoch that must cross each data channel, from the stage shapes: consecutive row-local stages
     fused into one task, no padding rows, stateless workers (a backward task is sent its forward inputs again;
-    nothing it can recompute), float32 values, int32 labels and a bool mask for the loss; no routing or vertex
+    nothing it can recompute), values of `itemsize` bytes (4: float32; 2: the bfloat16 wire), int32 labels and a bool mask for the loss; no routing or vertex
     ids; ghost rows of the input features are placed once, not per epoch.
     owned_rows: vertices (summed over partitions); ghost_rows: ghost copies (summed). None for models with
     per-edge tensor stages (GAT), whose blocks have no row width."""
@@ -250,9 +247,10 @@ def wire_minimum(model: models.Model, in_dim: int, owned_rows: int, ghost_rows: 
             p = prod[s.index]["h"]
             ghosts += w[(p, "h")]
             grads += w[(p, "h")] if need[p] else 0
-    return {Channel.TENSOR_TASKS.value: 4 * owned_rows * to_w + 5 * owned_rows,
-            Channel.TENSOR_RESULTS.value: 4 * owned_rows * from_w,
-            Channel.GHOSTS.value: 4 * ghost_rows * ghosts, Channel.GHOST_GRADS.value: 4 * ghost_rows * grads}
+    b = itemsize
+    return {Channel.TENSOR_TASKS.value: b * owned_rows * to_w + 5 * owned_rows,
+            Channel.TENSOR_RESULTS.value: b * owned_rows * from_w,
+            Channel.GHOSTS.value: b * ghost_rows * ghosts, Channel.GHOST_GRADS.value: b * ghost_rows * grads}
 
 
 def wire_summary(cfg: TrainConfig, graph: Graph, stats: "RoleStats", epochs: int) -> dict:
@@ -262,12 +260,14 @@ def wire_summary(cfg: TrainConfig, graph: Graph, stats: "RoleStats", epochs: int
     owned = sum(int(m.get("owned_rows", 0)) for m in reports)
     ghost = sum(int(m.get("ghost_rows", 0)) for m in reports)
     model = ModelSpec.for_graph(cfg, graph).build()
-    minimum = wire_minimum(model, graph.features.shape[1], owned, ghost) if owned else None
+    itemsize = WireDtype(cfg.wire_dtype).itemsize
+    minimum = wire_minimum(model, graph.features.shape[1], owned, ghost, itemsize) if owned else None
     epochs = max(epochs, 1)
     counted = stats.transport.get("payload_bytes") or stats.transport.get("bytes", {})
     per_epoch = {str(k): v / epochs for k, v in counted.items()}
     out = {"bytes_per_epoch": per_epoch, "counted": "payload_bytes" if "payload_bytes" in stats.transport
-           else "bytes", "epochs": epochs, "minimum_bytes_per_epoch": minimum}
+           else "bytes", "epochs": epochs, "wire_dtype": str(WireDtype(cfg.wire_dtype)),
+           "minimum_bytes_per_epoch": minimum}
     if "payload_bytes" in stats.transport:
         out["wire_bytes_per_epoch"] = {str(k): v / epochs for k, v in stats.transport.get("bytes", {}).items()}
     if minimum:

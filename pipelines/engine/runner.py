@@ -31,6 +31,7 @@ from pipelines.engine.spans import SpanLog
 from pipelines.engine.tensor_worker import TensorWorker
 from pipelines.epochs import DeviceGraph, Evaluator, TrainResult, model_inputs, write_result
 from pipelines.transports.memory import MemoryTransport
+from pipelines.transports.wire import with_wire_dtype
 from schemas.tasks import Channel, Lifecycle
 
 
@@ -135,7 +136,7 @@ def build_engine(cfg: TrainConfig, graph: Graph, transport=None, epochs: int | N
 
     epochs: how many the roles run (default cfg.epochs); init_params / init_opt_state: a warm start; bucket:
     the plan's shape buckets (`build_plan`)."""
-    transport = transport or MemoryTransport()
+    transport = with_wire_dtype(transport or MemoryTransport(), cfg.wire_dtype)
     ctx = run_context(cfg, graph, bucket=bucket)
     versions: dict = {}
     ps = build_param_server(cfg, graph, transport, ctx=ctx, epochs=epochs,
