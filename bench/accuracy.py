@@ -64,6 +64,8 @@ def _parse(argv):
     p.add_argument("--staleness-mode", default="smooth", choices=["smooth", "smooth-zero", "predict", "fresh", "stale"])
     p.add_argument("--sync-warmup", type=int, default=None,
                    help="engine runs: the first W epochs at S = 0 (default: the config's, 20)")
+    p.add_argument("--wire-dtype", default="float32", choices=["float32", "bfloat16"],
+                   help="engine runs: row tensors on the data channels (bfloat16: half the bytes)")
     p.add_argument("--preset", choices=["planted"], help="planted: the large-graph staleness rows (see above)")
     args = p.parse_args(argv)
     if args.preset == "planted":
@@ -105,20 +107,21 @@ def main(argv=None) -> int:
                         s = None if eng == "none" else int(eng.lstrip("asyncs"))
                         cfg = TrainConfig(model=model, seed=seed, partitions=args.partitions,
                                           intervals=args.intervals, staleness=s, wu=wu,
-                                          staleness_mode=args.staleness_mode, **warm, **extra).resolved()
+                                          staleness_mode=args.staleness_mode, wire_dtype=args.wire_dtype,
+                                          **warm, **extra).resolved()
                         r = train_engine(cfg, graph)
                     accs.append(r.summary["test_acc"])
                     print(json.dumps({"bench": "accuracy", "dataset": ds, "model": model, "engine": eng,
                                       "partitions": args.partitions, "intervals": args.intervals,
                                       "staleness_mode": args.staleness_mode, "sync_warmup": warmup,
-                                      "seed": seed, "hidden": hidden,
+                                      "wire_dtype": args.wire_dtype, "seed": seed, "hidden": hidden,
                                       "test_acc": r.summary["test_acc"], "best_epoch": r.summary["best_epoch"],
                                       "epochs": r.summary["epochs"], "seconds": r.summary["seconds"],
                                       "val_acc": [round(h["val_acc"], 4) for h in r.history]}), flush=True)
                 print(json.dumps({"bench": "accuracy-summary", "dataset": ds, "model": model, "engine": eng,
                                   "partitions": args.partitions, "intervals": args.intervals,
                                   "staleness_mode": args.staleness_mode, "sync_warmup": warmup,
-                                  "seeds": args.seeds,
+                                  "wire_dtype": args.wire_dtype, "seeds": args.seeds,
                                   "mean_test_acc": float(np.mean(accs)), "std_test_acc": float(np.std(accs)),
                                   "test_accs": [round(a, 4) for a in accs],
                                   "published_test_acc": PUBLISHED.get((ds, model))}), flush=True)
