@@ -4,6 +4,7 @@ broker timeout), and `dorylus stream` under the same broker kill. Nothing is los
 synchronous runs end with the weights of an undisturbed run."""
 import collections
 import json
+import os
 import subprocess
 import sys
 import time
@@ -29,6 +30,11 @@ pytestmark = pytest.mark.kafka
 EPOCHS = 4
 START_MS = 1_700_000_000_000
 SLICES = 4
+
+
+#: the roles log kafka-python's warnings (leader changes, retries, coordinator moves), so that a run that fails
+#: here says in its roles' last words what their clients saw
+ROLE_ENV = {**os.environ, "DORYLUS_LOG_LEVEL": "kafka=WARNING,kafka.net.selector=ERROR"}
 
 
 def _train_argv(bootstrap, out, data_dir, run_id, *extra):
@@ -83,6 +89,29 @@ def _kill_leader_of_busiest(cluster, prefix) -> tuple[int, str]:
     return leader, topic
 
 
+def _partition_state(cluster, prefix) -> str:
+    """The run's partitions as the cluster sees them after a failure: leader and in-sync replicas."""
+    try:
+        c = KafkaConsumer(bootstrap_servers=cluster.bootstrap)
+        try:
+            topics = sorted(t for t in c.topics() if t.startswith(prefix))
+        finally:
+            c.close()
+        rows = [f"{d['name'][len(prefix):]}[{p['partition_index']}] leader {p['leader_id']} isr {p['isr_nodes']}"
+                for d in _admin_describe(cluster, topics) for p in d["partitions"]]
+        return "\npartitions: " + "; ".join(rows)
+    except Exception as e:  # the diagnosis must not hide the failure
+        return f"\npartitions: unknown ({e})"
+
+
+def _admin_describe(cluster, topics) -> list:
+    admin = _admin(cluster)
+    try:
+        return admin.describe_topics(topics)
+    finally:
+        admin.close()
+
+
 def _check_replicated(cluster, topic) -> None:
     admin = _admin(cluster)
     try:
@@ -127,13 +156,14 @@ def test_leader_of_the_busiest_topic_killed_mid_epoch(kafka_cluster, data_dir, t
     run_id = f"kill-{uuid.uuid4().hex[:8]}"
     out = tmp_path / "run"
     proc = subprocess.Popen(_train_argv(kafka_cluster.bootstrap_via("roles"), out, data_dir, run_id),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=ROLE_ENV)
     killed = None
     try:
         wait_rows(out, 2, proc)
         killed, topic = _kill_leader_of_busiest(kafka_cluster, f"dorylus.{run_id}.")
         err = _finish(proc)
-        assert proc.returncode == 0, err[-3000:]
+        assert proc.returncode == 0, err[-3000:] + _partition_state(kafka_cluster, f"dorylus.{run_id}.")
         _check_replicated(kafka_cluster, topic)
         assert killed not in set(_leaders(kafka_cluster, [topic]).values())  # leadership moved
     finally:

@@ -127,6 +127,43 @@ def test_a_group_resumes_after_the_last_commit(kafka_bootstrap):
         t.close()
 
 
+def _ghost(epoch: int) -> Message:
+    return Message("SC", epoch, 0, -1, 0, -1, arrays={"h": np.full((2, 2), epoch, np.float32),
+                                                      "vertex": np.arange(2)}, meta={"name": "h"})
+
+
+@pytest.mark.parametrize("kind", [M.GHOSTS, M.TENSOR_TASKS])
+def test_a_consumer_that_stops_fetching_is_replaced_and_reads_on_exactly_once(kafka_bootstrap, monkeypatch, capsys,
+                                                                              kind):
+    # A Kafka consumer whose client state a failover left stuck fetches nothing again while records wait (the
+    # suspect of a run stalled for 300 s after a leader kill in CI); here its partitions are paused behind the
+    # reader's back, which stops fetching the same way. Both readers (a fixed-partition reader and the work
+    # queue's shared one) replace it and go on from the next offset.
+    from pipelines.transports import kafka_readers
+
+    monkeypatch.setattr(kafka_readers, "READER_STUCK_S", 4.0)
+    t = KafkaTransport(kafka_bootstrap, _run_id("stuck"), 1)
+    try:
+        c = t.consumer([(kind, 0)], group="g")
+        for e in range(3):
+            t.send(kind, 0, _ghost(e))
+        t.flush()
+        first = _poll_n(c, 3)
+        reader = c.shared if kind == M.TENSOR_TASKS else c
+        stuck = reader.kc
+        stuck.pause(*stuck.assignment())
+        for e in range(3, 6):
+            t.send(kind, 0, _ghost(e))
+        t.flush()
+        rest = _poll_n(c, 3, timeout=60)
+        assert [m.epoch for m in first + rest] == list(range(6))
+        assert reader.kc is not stuck and reader._watch.rebuilds == 1
+        assert "read nothing for 4s while 3 records wait" in capsys.readouterr().err
+        assert t.stats()["channels"][f"{kind}/0"].get("redelivered", {}) == {}  # nothing read twice
+    finally:
+        t.close()
+
+
 def test_undecodable_values_go_to_the_dead_letter_topic(kafka_bootstrap, capsys):
     run = _run_id("dead")
     t = KafkaTransport(kafka_bootstrap, run, 1)

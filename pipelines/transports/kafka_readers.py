@@ -18,6 +18,9 @@ READER_BUFFER_RECORDS = 256
 READER_BUFFER_BYTES = 256 * 2**20
 #: how long stopping a reader thread may take: its poll, and a commit in flight
 READER_STOP_S = 35.0
+#: a reader that has handed out no record for this long looks at its partitions' ends; if records wait there, its
+#: Kafka consumer has stopped fetching (a client state that a leader change left stuck) and is rebuilt
+READER_STUCK_S = 20.0
 
 log = logging.getLogger("pipelines.transports.kafka")
 
@@ -39,6 +42,60 @@ def _poll_or_nothing(kc, timeout_ms: int, max_records: int) -> dict:
         log.info("poll while the broker is out of reach: %s", e)
         time.sleep(max(timeout_ms, 50) / 1000)
         return {}
+
+
+class StuckWatch:
+    """Notices a Kafka consumer that has stopped fetching while records wait, and builds its replacement.
+
+    kafka-python's consumer keeps per-partition state across a broker failure (the group coordinator, leader
+    epochs to validate, positions to reset); a consumer whose state a failover left stuck fetches nothing again
+    while producers go on writing, and the run stalls with every process alive. Only the Kafka consumer is
+    rebuilt: the replacement starts at the offset after the last record read, so nothing is read twice or
+    skipped, and it looks up coordinator, leaders and epochs afresh."""
+
+    def __init__(self, transport, group, tps):
+        self.transport, self.group, self.tps = transport, group, list(tps)
+        self.next: dict = {}               # tp -> offset after the last record read
+        self.last_record = time.monotonic()
+        self.rebuilds = 0
+
+    def saw(self, tp, offset: int) -> None:
+        self.next[tp] = offset + 1
+        self.last_record = time.monotonic()
+
+    def rest(self) -> None:
+        """The reader did not fetch on purpose (a full buffer): that quiet is not the consumer's."""
+        self.last_record = time.monotonic()
+
+    def maybe_rebuild(self, kc):
+        """`kc`, or a new Kafka consumer at the same offsets when `kc` read nothing for `READER_STUCK_S` while
+        records wait in its partitions."""
+        if time.monotonic() - self.last_record < READER_STUCK_S or not self.tps:
+            return kc
+        self.last_record = time.monotonic()  # look again only after another quiet spell
+        try:
+            end = kc.end_offsets(self.tps, timeout_ms=5000)
+            pos = {tp: self.next[tp] if tp in self.next else kc.position(tp, timeout_ms=5000) for tp in self.tps}
+        except Exception as e:  # the brokers are away: the broker watch decides about those
+            log.info("stuck check: %s", e)
+            return kc
+        behind = {tp: end[tp] - pos[tp] for tp in self.tps if end.get(tp, 0) > pos[tp]}
+        if not behind:
+            return kc
+        self.rebuilds += 1
+        print(f"dorylus: warning: the Kafka consumer of {self.transport.client_id} ({self.group or 'no group'}) "
+              f"read nothing for {READER_STUCK_S:g}s while {sum(behind.values())} records wait in "
+              f"{', '.join(tp_key(tp) for tp in behind)}: replacing it", file=sys.stderr, flush=True)
+        new = self.transport._new_kafka_consumer(self.group)
+        new.assign(self.tps)
+        for tp, off in pos.items():
+            new.seek(tp, off)
+        try:
+            kc.close(autocommit=False, timeout_ms=2000)
+        except Exception as e:  # a consumer of brokers in trouble
+            log.info("stuck consumer close: %s", e)
+        self.last_record = time.monotonic()  # the new one's quiet counts from now
+        return new
 
 
 def tp_key(tp) -> str:
@@ -63,6 +120,7 @@ class AssignedConsumer(Consumer):
         self.kc = transport._new_kafka_consumer(group)
         self.tps = [kafka.TopicPartition(transport.topic(k), p) for k, p in subs]
         self.kc.assign(self.tps)
+        self._watch = StuckWatch(transport, group, self.tps)
         self._returned: dict = {}     # tp -> offset after the last record returned by poll
         self._processed: dict = {}    # tp -> offset after the last record the engine has handled
         self._committed: dict = {}
@@ -101,14 +159,18 @@ class AssignedConsumer(Consumer):
                     while (self._buffered_bytes > READER_BUFFER_BYTES or len(self._buffer) > READER_BUFFER_RECORDS) \
                             and not self._reader_stop.is_set():
                         self._cv.wait(0.1)
+                        self._watch.rest()
                     request, self._commit_request = self._commit_request, None
                 with self._lock:
                     if request:
                         self._send_commit(request, sync=False)
                     batches = _poll_or_nothing(self.kc, READER_POLL_MS, READER_BUFFER_RECORDS)
+                    if not batches:
+                        self.kc = self._watch.maybe_rebuild(self.kc)
                 got = []
                 for tp, recs in batches.items():
                     for rec in recs:
+                        self._watch.saw(tp, rec.offset)
                         got.append((tp, rec.offset, self.transport.decode_record(rec, self.group),
                                     len(rec.value or b"")))
                 if got:
@@ -163,6 +225,7 @@ class AssignedConsumer(Consumer):
                 if recs:
                     records.extend(recs)
                     self._returned[tp] = recs[-1].offset + 1
+                    self._watch.saw(tp, recs[-1].offset)
         return self.transport.decode_records(records, self.group)
 
     def commit(self) -> None:
@@ -283,6 +346,7 @@ class SharedGroup:
             print(f"dorylus: warning: work-queue member {k} of {w} has no partition to read (the run has "
                   f"{transport.partitions} graph servers)", file=sys.stderr)
         self.kc.assign(self.tps)
+        self._watch = StuckWatch(transport, group, self.tps)
 
     def take(self, timeout: float, max_messages: int, member) -> list[Message]:
         deadline = time.monotonic() + timeout
@@ -293,8 +357,13 @@ class SharedGroup:
                     return []
                 if not self.buffer:
                     wait = max(0.0, min(deadline - time.monotonic(), 0.05))
-                    for tp, recs in _poll_or_nothing(self.kc, int(wait * 1000), 64).items():
+                    batches = _poll_or_nothing(self.kc, int(wait * 1000), 64)
+                    for tp, recs in batches.items():
                         self.buffer.extend((tp, r) for r in recs)
+                        if recs:
+                            self._watch.saw(tp, recs[-1].offset)
+                    if not batches:
+                        self.kc = self._watch.maybe_rebuild(self.kc)
                 taken = []
                 while self.buffer and len(taken) < max_messages:
                     tp, rec = self.buffer.popleft()
