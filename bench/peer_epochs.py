@@ -47,7 +47,7 @@ def _dorylus(z, args):
     def epoch(e):
         nonlocal params, opt_state
         seeds = jnp.asarray(dropout_seeds(0, e, len(model.stages)))
-        params, opt_state, loss = step(params, opt_state, g.adj, g.x, g.labels, g.masks[0], seeds)
+        params, opt_state, loss = step(params, opt_state, g.adj, g.train_input, g.labels, g.masks[0], seeds)
         return float(loss)
 
     return epoch, {"version": jax.__version__, "nodes": n}

@@ -75,14 +75,15 @@ def backward_fn(stage: Stage, wrt_inputs: tuple[str, ...]):
 
 
 @functools.lru_cache(maxsize=None)
-def gather_transpose_fn(aggregator: str = "sum"):
-    """jit(∇GA) for an unweighted GA stage's aggregator (Aᵀ·g for GCN's "sum"); GA is linear in its input, so the
+def gather_transpose_fn(aggregator: str = "sum", rate: float = 0.0):
+    """jit(∇GA(block, g, seed)) for an unweighted GA stage (Aᵀ·g for GCN's "sum"), through the stage's input
+    dropout (`Stage.rate`, the same counter-based masks as the forward's). GA is linear in its input, so the
     graph server keeps no forward inputs for it."""
     from ops.sparse import gather_mean_transpose, gather_transpose
 
-    if aggregator == "sum":
-        return xla.jit(gather_transpose)
-    return xla.jit(functools.partial(gather_mean_transpose, aggregator=aggregator))
+    base = gather_transpose if aggregator == "sum" else functools.partial(gather_mean_transpose,
+                                                                          aggregator=aggregator)
+    return xla.jit(lambda adj, g, seed: dense.dropout(base(adj, g), rate, seed, adj.col_gids))
 
 
 @functools.lru_cache(maxsize=None)

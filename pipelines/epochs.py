@@ -58,12 +58,19 @@ def model_inputs(cfg: TrainConfig, graph: Graph):
 
 class DeviceGraph(NamedTuple):
     """The whole graph on the device: adjacency, features (or their `models.constant_prefix`), labels and the
-    (train, val, test) masks."""
+    (train, val, test) masks; x_train: what a training forward reads where it differs from x (the features when
+    the first layer drops them before its GA, so Â·X is an evaluation-only prefix), else None."""
 
     adj: Adjacency
     x: jax.Array
     labels: jax.Array
     masks: tuple
+    x_train: jax.Array | None = None
+
+    @property
+    def train_input(self):
+        """The input of a training forward (`x_train`, else `x`)."""
+        return self.x if self.x_train is None else self.x_train
 
 
 def device_graph(cfg: TrainConfig, graph: Graph) -> DeviceGraph:
@@ -80,11 +87,16 @@ def device_graph(cfg: TrainConfig, graph: Graph) -> DeviceGraph:
     # GCN's and GraphSAGE's Â is symmetric with fixed values: its own transpose. GAT's values are attention.
     adj = Adjacency.from_scipy(a, row_gids=perm, col_gids=perm, symmetric=cfg.model != "gat").to_device()
     del a
-    # Â·X once when the first layer aggregates the raw features (`models.constant_prefix`); X is then dropped.
-    xd = models.constant_prefix(ModelSpec.for_graph(cfg, graph).build(), adj, xla.to_device(x))
+    # Â·X once when the first layer aggregates the raw features (`models.constant_prefix`); X is then dropped
+    # unless training drops it out before that GA.
+    model = ModelSpec.for_graph(cfg, graph).build()
+    x = xla.to_device(x)
+    xd = models.constant_prefix(model, adj, x)
+    xt = None if models.prefix_length(model, train=True) == models.prefix_length(model) else (
+        models.constant_prefix(model, adj, x, train=True))
     del x
     release_free_memory()
-    return DeviceGraph(adj, xd, jnp.asarray(labels), tuple(jnp.asarray(m) for m in masks))
+    return DeviceGraph(adj, xd, jnp.asarray(labels), tuple(jnp.asarray(m) for m in masks), xt)
 
 
 class Evaluator:

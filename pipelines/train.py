@@ -68,7 +68,7 @@ def train(cfg: TrainConfig, graph: Graph, out: Path | None = None, show_progress
         for epoch in range(cfg.epochs):
             seeds = jnp.asarray(dropout_seeds(cfg.seed, epoch, len(model.stages)))
             t0 = time.perf_counter()
-            params, opt_state, loss = step(params, opt_state, g.adj, g.x, g.labels, g.masks[0], seeds)
+            params, opt_state, loss = step(params, opt_state, g.adj, g.train_input, g.labels, g.masks[0], seeds)
             loss = float(loss)
             dt = time.perf_counter() - t0
             if epoch == 0:

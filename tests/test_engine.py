@@ -169,7 +169,7 @@ def _rel(a, b):
 
 
 @pytest.mark.parametrize("model,epochs,order", [("gcn", 25, "auto"), ("gat", 12, "auto"), ("sage", 15, "auto"),
-                                                ("sage", 6, "ga-first")])
+                                                ("sage", 6, "ga-first"), ("gcn", 8, "ga-first")])
 def test_synchronous_engine_equals_whole_graph_training(cora, model, epochs, order):
     cfg = TrainConfig(model=model, epochs=epochs, patience=0, partitions=4, intervals=8, staleness=None,
                       tensor_workers=2, order=order).resolved()
@@ -205,9 +205,12 @@ def planted_cut():
 
 def test_default_staleness_converges_where_stale_values_diverged(planted_cut):
     # Raw features (what feature_norm "auto" picks here). Before the smoothed ghost values, S=1 reached 0.849
-    # (predict), 0.772 (fresh) and 0.455 (stale) against 0.901 synchronous, S=2 0.737 (predict).
+    # (predict), 0.772 (fresh) and 0.455 (stale) against 0.901 synchronous, S=2 0.737 (predict), at 60 epochs.
+    # Since the first layer drops its features out before the GA (Kipf's order), 60 epochs are too few for the
+    # averaged ghosts' lag (seeds 0-2: S=1 1.5 / 0.6 / 1.7 points below synchronous); at 100 they are within a
+    # point on average (S=1 +0.5 / -0.6 / -1.0, S=2 +0.7 / -0.5 / -1.1).
     def run(staleness, mode="smooth", wu="sync", warmup=20):
-        cfg = TrainConfig(hidden=64, epochs=60, patience=0, partitions=4, intervals=1, staleness=staleness,
+        cfg = TrainConfig(hidden=64, epochs=100, patience=0, partitions=4, intervals=1, staleness=staleness,
                           staleness_mode=mode, wu=wu, sync_warmup=warmup).resolved()
         r = train_engine(cfg, planted_cut)
         assert r.summary["max_staleness_observed"] == (staleness or 0)
@@ -219,7 +222,7 @@ def test_default_staleness_converges_where_stale_values_diverged(planted_cut):
     # the default 20 synchronous epochs 0.809)
     assert run(1, "stale", warmup=0).summary["test_acc"] < sync - 0.2
     # the default: fresh weights, an EMA of the stale ghost values (PipeGCN-GF), fresh ghost gradients, after a
-    # synchronous warm-up of 20 epochs (0.898 and 0.897 here; without it 0.907 and 0.905)
+    # synchronous warm-up of 20 epochs (S=1 0.9027, S=2 0.9047 against 0.8973 here)
     s1 = run(1)
     assert abs(s1.summary["test_acc"] - sync) <= 0.01
     assert abs(run(2).summary["test_acc"] - sync) <= 0.01

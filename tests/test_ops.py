@@ -141,6 +141,10 @@ def test_auto_order_aggregates_on_narrow_side():
     assert [s.kind for s in m.stages] == ["GA", "AV", "AV", "GA", "LOSS"]
     m = models.gcn(128, (256,), 40, order="ga-first")
     assert [s.kind for s in m.stages] == ["GA", "AV", "GA", "AV", "LOSS"]
+    # a square hidden layer after an AV-first one: its bias and σ are pending, so it stays AV-first (a GA first
+    # would aggregate the raw ÂHW and apply σ after the second aggregation)
+    m = models.gcn(32, (16, 16), 8)
+    assert [s.kind for s in m.stages] == ["AV", "GA", "AV", "GA", "AV", "GA", "LOSS"]
 
 
 def test_dropout_masks_depend_only_on_global_ids():
@@ -261,7 +265,7 @@ def test_row_blocked_av_chain_and_constant_prefix_equal_the_plain_step(name, mon
     params = model.init(jax.random.PRNGKey(0))
     seeds = jnp.arange(len(model.stages), dtype=jnp.uint32) + 11
 
-    def loss_grads(inputs):
+    def loss_grads(inputs, seeds):
         def loss(p):
             s, c = dense.softmax_cross_entropy(models.forward(model, p, adj, inputs, seeds), labels,
                                                jnp.ones(n, bool))
@@ -269,14 +273,55 @@ def test_row_blocked_av_chain_and_constant_prefix_equal_the_plain_step(name, mon
         return jax.jit(jax.value_and_grad(loss))(params)  # one compile, not one per op
 
     monkeypatch.setattr(dense, "ROW_BLOCK", 8)
-    pre = models.constant_prefix(model, adj, x)
-    assert isinstance(pre, models.Aggregated) == (name == "gcn-ga-first")
-    got = loss_grads(pre)
+    # Training drops the features out before the first GA (Â·dropout(X)), so its Â·X is evaluation's alone.
+    pre_train = models.constant_prefix(model, adj, x, train=True)
+    pre_eval = models.constant_prefix(model, adj, x)
+    assert not isinstance(pre_train, models.Aggregated)
+    assert isinstance(pre_eval, models.Aggregated) == (name == "gcn-ga-first")
+    got = [loss_grads(pre_train, seeds), loss_grads(pre_eval, None)]
     monkeypatch.setattr(dense, "row_blocked", lambda fn, p, h, g, s, **_: fn(p, h, g, s))
-    want = loss_grads(x)
-    np.testing.assert_allclose(got[0], want[0], rtol=1e-6)
-    for k, v in jax.tree_util.tree_leaves_with_path(want[1]):
-        np.testing.assert_allclose(dict(jax.tree_util.tree_leaves_with_path(got[1]))[k], v, rtol=1e-4, atol=1e-5)
+    for (g_loss, g_grads), sd in zip(got, [seeds, None]):
+        want = loss_grads(x, sd)
+        np.testing.assert_allclose(g_loss, want[0], rtol=1e-6)
+        for k, v in jax.tree_util.tree_leaves_with_path(want[1]):
+            np.testing.assert_allclose(dict(jax.tree_util.tree_leaves_with_path(g_grads))[k], v, rtol=1e-4,
+                                       atol=1e-5)
+
+
+def test_ga_first_drops_out_before_the_aggregation():
+    """A GA-first GCN computes Kipf's Â·dropout(H)·W: with every stage drawing from one seed it is the AV-first
+    model's function (Â·(dropout(H)·W)), masks keyed by vertex id, in the loss and the weight gradients."""
+    a = small_graph(n=40, m=140)
+    n = a.shape[0]
+    adj = sparse.Adjacency.from_scipy(a).to_device()
+    x = jax.random.normal(jax.random.PRNGKey(2), (n, 6))
+    labels = jnp.arange(n) % 3
+    w = {"av0": jax.random.normal(jax.random.PRNGKey(3), (6, 8)), "av1": jax.random.normal(jax.random.PRNGKey(4),
+                                                                                           (8, 3))}
+    out = []
+    for order in ("ga-first", "av-first"):
+        model = models.gcn(6, 8, 3, order=order, dropout=0.5)
+        ga = [s for s in model.stages if s.kind == "GA"]
+        assert [s.rate for s in ga] == ([0.5, 0.5] if order == "ga-first" else [0.0, 0.0])
+        params = model.init(jax.random.PRNGKey(0))   # biases start at zero in both orders
+        params = {k: {**v, "w": w[k]} if "w" in v else v for k, v in params.items()}
+        seeds = jnp.full(len(model.stages), 7, jnp.uint32)
+
+        def loss(p):
+            s, c = dense.softmax_cross_entropy(models.forward(model, p, adj, x, seeds), labels, jnp.ones(n, bool))
+            return s / c
+        val, grads = jax.value_and_grad(loss)(params)
+        out.append((val, {k: grads[k]["w"] for k in w}))
+        assert not np.isclose(float(val), float(loss_no_dropout(model, params, adj, x, labels)))
+    np.testing.assert_allclose(out[0][0], out[1][0], rtol=1e-5)
+    for k in w:
+        np.testing.assert_allclose(out[0][1][k], out[1][1][k], rtol=1e-4, atol=1e-6)
+
+
+def loss_no_dropout(model, params, adj, x, labels):
+    s, c = dense.softmax_cross_entropy(models.forward(model, params, adj, x, None), labels,
+                                       jnp.ones(x.shape[0], bool))
+    return s / c
 
 
 def test_kernels_compile_without_ynnpack_reductions():

@@ -247,7 +247,7 @@ class RoundTrainer:
         for epoch in range(epochs):
             seeds = jnp.asarray(dropout_seeds(seed, epoch, len(self.model.stages)))
             t0 = time.perf_counter()
-            params, opt_state, loss = self.step(params, opt_state, g.adj, g.x, g.labels, g.masks[0], seeds)
+            params, opt_state, loss = self.step(params, opt_state, g.adj, g.train_input, g.labels, g.masks[0], seeds)
             row = {"epoch": epoch, "loss": float(loss), **self.evaluator.on(g, params),
                    "epoch_s": time.perf_counter() - t0}
             history.append(row)

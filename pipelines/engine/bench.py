@@ -26,7 +26,7 @@ def whole_graph_epochs(graph: Graph, cfg: TrainConfig, epochs: int) -> dict:
     t0 = time.perf_counter()
     g = device_graph(cfg, graph)
     build_s = time.perf_counter() - t0
-    adj, xj, labels, mask = g.adj, g.x, g.labels, g.masks[0]
+    adj, xj, labels, mask = g.adj, g.train_input, g.labels, g.masks[0]
     nnz = adj.nnz
     graph_bytes = adj.nbytes
     array_bytes = graph_bytes + int(xj.nbytes)

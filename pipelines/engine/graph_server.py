@@ -107,6 +107,9 @@ class GraphServer:
         # R-MAT vertices and P=4 they were 15 bytes per edge).
         self._feature_col_stages = {st for (ps, _), st in self.col_reads.items() if ps == -1}
         self.x_cols = np.ascontiguousarray(features[colspace]) if self._feature_col_stages else None
+        # A GA that drops the features out before gathering them reads them every epoch: its padded view stays.
+        self._keep_feature_view = any(not models.static_over_features(self.stages[k], -1)
+                                      for k in self._feature_col_stages)
         # A stage reading the features at rows gets them gathered from `features` per task (`_feature_rows`):
         # a copy of the partition's rows was as large as the features themselves (R-MAT 2^20, P=4: 132 MB)
         self.features = features
@@ -263,6 +266,8 @@ class GraphServer:
         to the whole block's columns, on the device; None while the watermark is behind."""
         if ps == -1:
             src, e_ghost = self.x_cols, e
+            if (ps, name) in self._views:
+                return to_device(self._views[(ps, name)])  # the features never change
         else:
             e_ghost = self._col_gate(e, ps, name)
             if e_ghost is None:
@@ -275,7 +280,7 @@ class GraphServer:
             # written over every epoch: the GA reading it has finished when the next is built (this thread
             # waits for its result), and its padding rows stay zero
             view = host_zeros((self.whole_dev.shape[1], *src.shape[1:]), np.float32)
-            if ps != -1:
+            if ps != -1 or self._keep_feature_view:
                 self._views[(ps, name)] = view
         if e_ghost == e:
             view[: self.n_cols] = src[: self.n_cols]
@@ -290,9 +295,10 @@ class GraphServer:
         (once per epoch; once for good over the input features), or None while its columns are not there."""
         st = self.stages[s]
         ps = self.producers[s]["h"]
-        if ps == -1 and (i, s) in self._static_ga:
+        static = models.static_over_features(st, ps)
+        if static and (i, s) in self._static_ga:
             return self._static_ga[(i, s)]
-        key = (s, -1 if ps == -1 else e)
+        key = (s, -1 if static else e)
         entry = self._whole_out.get(key)
         if entry is None:
             view = self._col_view(e, ps, "h")
@@ -307,14 +313,14 @@ class GraphServer:
             if ps != -1 and self.staleness == 0 and self._col_readers[(ps, "h")] == 1:
                 # no later epoch reads this epoch's columns (S = 0), and SC sent the rows others ghost
                 self.fwd[(ps, "h")].pop(e, None)
-            if ps == -1 and all((k, -1) in self._whole_out or any(key[1] == k for key in self._static_ga)
+            if static and all((k, -1) in self._whole_out or any(key[1] == k for key in self._static_ga)
                                 for k in self._feature_col_stages):
                 self.x_cols = None  # no stage gathers the features again
         full, takers = entry
         iv = self.plan.intervals[i]
         out = self._padded(full, iv)
         takers.add(i)
-        if ps == -1:
+        if static:
             # Â·X never changes: each interval keeps its padded rows (read every epoch, no copy) and the
             # partition's rows go once every interval has its own
             self._static_ga[(i, s)] = {"h": out}
@@ -337,8 +343,9 @@ class GraphServer:
             return
         del self._whole_grad[(s, e)]
         t0 = clock()
-        total = gather_transpose_fn(self.stages[s].aggregator)(self.whole_dev,
-                                                                to_device(entry[0]))
+        st = self.stages[s]
+        total = gather_transpose_fn(st.aggregator, st.rate)(self.whole_dev, to_device(entry[0]),
+                                                            jnp.uint32(self.seed_for(e, s)))
         total = np.asarray(total)[: self.n_cols]
         self._spare_grads[entry[0].shape] = entry[0]  # the transpose that read it has finished
         self.busy_s[TaskKind.GA_BWD] += clock() - t0
@@ -682,8 +689,8 @@ class GraphServer:
                 if out is None:
                     out = forward_fn(st)({}, inputs, self.blocks_dev[i], jnp.uint32(seed))
                     out = {k: np.asarray(v) for k, v in out.items()}
-                    if all(p == -1 for p in self.producers[s].values()):
-                        # Â·X of the input features is the same every epoch (no dropout in GA): computed once.
+                    if models.static_over_features(st, self.producers[s]["h"]):
+                        # Â·X of the input features is the same every epoch (no dropout): computed once.
                         self._static_ga[(i, s)] = out
                         self._static_cols.pop(i, None)  # its gathered feature columns are not read again
                         if all((k, f) in self._static_ga for k in range(self.num_intervals)
@@ -731,7 +738,8 @@ class GraphServer:
                 _, gin = backward_fn(st, wrt)({}, inputs, self.blocks_dev[i], jnp.uint32(seed),
                                               {k: jnp.asarray(v) for k, v in out_grads.items()})
             else:
-                gin = {"h": gather_transpose_fn(st.aggregator)(self.blocks_dev[i], jnp.asarray(out_grads["h"]))}
+                gin = {"h": gather_transpose_fn(st.aggregator, st.rate)(
+                    self.blocks_dev[i], jnp.asarray(out_grads["h"]), jnp.uint32(seed))}
             gin = {k: np.asarray(v) for k, v in gin.items()}
             t1 = clock()
             self.busy_s[TaskKind.GA_BWD] += t1 - t0

@@ -191,7 +191,7 @@ def samples(m: Measured, skip_epochs: int = 1) -> dict:
         kind = Task(r["kind"])
         if r["epoch"] < skip_epochs:
             continue
-        if kind == Task.GA and all(p == -1 for p in producers[s].values()):
+        if kind == Task.GA and models.static_over_features(m.stages[s], producers[s]["h"]):
             continue   # Â·X of the input features: computed in epoch 0 only, later spans time a cache lookup
         if kind in TENSOR_TASKS:
             if r.get("busy") is None or r.get("attempt", 0):

@@ -66,10 +66,11 @@ class GraphServerSim:
         self.stop_after = epochs - 1
         self.lane = f"graph-server-{p}"
         self._waiting: list = [None] * self.K
-        # Â·X of the input features is the same every epoch: the engine computes such a GA once (`_static_ga`).
+        # Â·X of the input features without dropout is the same every epoch: the engine computes such a GA once
+        # (`_static_ga`).
         self.static_ga = {st.index for st in self.stages
                           if self.tasks.get((Step.FORWARD, st.index)) == Task.GA
-                          and all(p == -1 for p in self.producers[st.index].values())}
+                          and models.static_over_features(st, self.producers[st.index]["h"])}
         self.ga_done: set = set()
         # unweighted GA stages run once per epoch over the partition's block (`GraphServer._whole_forward`)
         self.whole_done: set = set()
