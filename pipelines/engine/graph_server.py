@@ -282,6 +282,10 @@ class GraphServer:
             view = host_zeros((self.whole_dev.shape[1], *src.shape[1:]), np.float32)
             if ps != -1 or self._keep_feature_view:
                 self._views[(ps, name)] = view
+            if ps == -1 and self._keep_feature_view and self._feature_col_stages <= self._whole_stages:
+                view[: self.n_cols] = src[: self.n_cols]
+                self.x_cols = None  # the kept view holds every feature column: one copy, not two
+                return to_device(view)
         if e_ghost == e:
             view[: self.n_cols] = src[: self.n_cols]
         else:
