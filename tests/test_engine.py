@@ -168,11 +168,13 @@ def _rel(a, b):
     return float(np.max(np.abs(np.asarray(a) - np.asarray(b))) / (np.max(np.abs(np.asarray(a))) + 1e-12))
 
 
-@pytest.mark.parametrize("model,epochs,order", [("gcn", 25, "auto"), ("gat", 12, "auto"), ("sage", 15, "auto"),
-                                                ("sage", 6, "ga-first"), ("gcn", 8, "ga-first")])
-def test_synchronous_engine_equals_whole_graph_training(cora, model, epochs, order):
+@pytest.mark.parametrize("model,epochs,order,dropout", [
+    ("gcn", 25, "auto", None), ("gat", 12, "auto", None), ("sage", 15, "auto", None), ("sage", 6, "ga-first", None),
+    # GA-first: the first GA over dropout(X) every epoch; without dropout over Â·X computed once
+    ("gcn", 8, "ga-first", None), ("gcn", 6, "ga-first", 0.0)])
+def test_synchronous_engine_equals_whole_graph_training(cora, model, epochs, order, dropout):
     cfg = TrainConfig(model=model, epochs=epochs, patience=0, partitions=4, intervals=8, staleness=None,
-                      tensor_workers=2, order=order).resolved()
+                      tensor_workers=2, order=order, dropout=dropout).resolved()
     whole = train(cfg, cora)
     eng = train_engine(cfg, cora)
     l1 = np.array([r["loss"] for r in whole.history])
