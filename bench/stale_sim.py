@@ -120,7 +120,9 @@ def run(args, graph, seed: int, S: int, est: str, warmup: int = 0) -> dict:
         h, zs = d["x"], []
         for s in st[:-1]:
             if s.kind == StageKind.GA and s.index == 0:
-                h = d["xh"]  # Â·X: the constant prefix
+                # Â·X, the constant prefix, where nothing drops the features out (evaluation); else Â·dropout(X)
+                h = d["xh"] if seeds is None or s.rate <= 0.0 else sparse.gather(
+                    d["adj"], dense.dropout(d["x"], s.rate, seeds[s.index], d["adj"].col_gids))
             elif s.kind == StageKind.GA:
                 k = len(zs)
                 zs.append(h)
