@@ -44,7 +44,8 @@ def _train_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--layers", type=int)
     g.add_argument("--dropout", type=float)
     g.add_argument("--order", choices=["auto", "ga-first", "av-first"],
-                   help="GCN/GraphSAGE stage order per layer (auto: aggregate on the narrower side)")
+                   help="GCN/GraphSAGE stage order per layer (auto: aggregate on the narrower side); "
+                        "the same model in every order, dropout before the aggregation")
     g = p.add_argument_group("optimization")
     g.add_argument("--seed", type=int)
     g.add_argument("--epochs", type=int)
