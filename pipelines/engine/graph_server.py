@@ -265,9 +265,9 @@ class GraphServer:
         """All column values epoch e reads from producer ps (owned of epoch e, ghosts of the gated epoch), padded
         to the whole block's columns, on the device; None while the watermark is behind."""
         if ps == -1:
+            if self._keep_feature_view:
+                return to_device(self._feature_view())
             src, e_ghost = self.x_cols, e
-            if (ps, name) in self._views:
-                return to_device(self._views[(ps, name)])  # the features never change
         else:
             e_ghost = self._col_gate(e, ps, name)
             if e_ghost is None:
@@ -280,12 +280,8 @@ class GraphServer:
             # written over every epoch: the GA reading it has finished when the next is built (this thread
             # waits for its result), and its padding rows stay zero
             view = host_zeros((self.whole_dev.shape[1], *src.shape[1:]), np.float32)
-            if ps != -1 or self._keep_feature_view:
+            if ps != -1:
                 self._views[(ps, name)] = view
-            if ps == -1 and self._keep_feature_view and self._feature_col_stages <= self._whole_stages:
-                view[: self.n_cols] = src[: self.n_cols]
-                self.x_cols = None  # the kept view holds every feature column: one copy, not two
-                return to_device(view)
         if e_ghost == e:
             view[: self.n_cols] = src[: self.n_cols]
         else:
@@ -293,6 +289,20 @@ class GraphServer:
             view[: self.n_own] = src[: self.n_own]
             view[self.n_own: self.n_cols] = self._ghost_values(ps, name, e, e_ghost)
         return to_device(view)
+
+    def _feature_view(self) -> np.ndarray:
+        """The feature columns padded to the whole block's columns, for a GA that reads them every epoch (it drops
+        them out first), built once; where no per-interval stage gathers them, it replaces `x_cols` (one copy)."""
+        view = self._views.get((-1, "h"))
+        if view is None:
+            view = self.x_cols
+            if view.shape[0] != self.whole_dev.shape[1]:
+                view = host_zeros((self.whole_dev.shape[1], *self.x_cols.shape[1:]), np.float32)
+                view[: self.n_cols] = self.x_cols[: self.n_cols]
+            self._views[(-1, "h")] = view
+            if self._feature_col_stages <= self._whole_stages:
+                self.x_cols = None
+        return view
 
     def _whole_forward(self, i: int, e: int, s: int) -> dict | None:
         """Interval i's rows of GA stage s over the whole block: the first interval to ask computes it for all
