@@ -190,6 +190,17 @@ def test_synchronous_engine_equals_whole_graph_training(cora, model, epochs, ord
     assert eng.summary["max_staleness_observed"] == 0
 
 
+@pytest.mark.parametrize("model,layers,staleness", [("gcn", 1, None), ("gcn", 2, 1), ("gat", 3, 0)])
+def test_one_partition_engine_equals_whole_graph_training(cora, model, layers, staleness):
+    # one graph server sends and receives no ghost rows: its backward must not wait for (or drop) any
+    cfg = TrainConfig(model=model, layers=layers, epochs=4, patience=0, partitions=1, intervals=3,
+                      staleness=staleness, sync_warmup=0, tensor_workers=2).resolved()
+    whole = train(cfg, cora)
+    eng = train_engine(cfg, cora)
+    np.testing.assert_allclose([r["loss"] for r in eng.history], [r["loss"] for r in whole.history], rtol=1e-4)
+    assert eng.summary["max_staleness_observed"] == 0
+
+
 def test_runs_are_deterministic_under_staleness_and_injected_delays(cora):
     cfg = TrainConfig(model="gcn", epochs=15, patience=0, partitions=2, intervals=4, staleness=1,
                       delay_rate=0.2, delay_s=0.05, straggler_min_s=0.05, straggler_k=1.5, sync_warmup=0).resolved()

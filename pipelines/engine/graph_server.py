@@ -503,7 +503,7 @@ class GraphServer:
         self._bwd_takers[(ps, name, e)] = set()
         self.bwd_sum[(ps, name)].pop(e)  # its owned rows are in tot, its ghost rows went out in _col_grad
         if fresh or self.staleness == 0:
-            remote.pop(e_ghost)  # no other epoch reads them
+            remote.pop(e_ghost, None)  # no other epoch reads them (none came: a partition that sends no rows)
         return tot
 
     def _took_out_grads(self, i: int, e: int, s: int) -> None:
