@@ -102,6 +102,7 @@ METRICS_REQUIRED: dict[str, tuple[tuple[type, ...], bool]] = {
 METRICS_OPTIONAL: dict[str, tuple[type, ...]] = {
     "run_id": (str,),
     "time_s": (int, float),  # wall time since the start of training
+    "cpu_s": (int, float),   # this process's CPU time in the epoch (on 2 cores the engine is CPU-bound)
     "lr": (int, float),
     "staleness": (int,),
     "weight_version": (int,),

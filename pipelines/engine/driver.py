@@ -58,6 +58,7 @@ class EpochDriver:
         self.spread = 0                         # the largest interval-epoch spread seen
         self.best_params = None
         self.t_epoch = time.perf_counter()
+        self.c_epoch = time.process_time()
         self.bar = progress(cfg.epochs - start, show_progress, desc)
 
     # ------------------------------------------------------------------------------------------- reports
@@ -108,12 +109,13 @@ class EpochDriver:
         params = versions[e + 1]
         now = time.perf_counter()
         accs = self.evaluate(params) if self.evaluate is not None else dict(NO_EVALUATION)
-        row = {"epoch": e, "loss": loss, **accs, "epoch_s": now - self.t_epoch,
+        cpu = time.process_time()
+        row = {"epoch": e, "loss": loss, **accs, "epoch_s": now - self.t_epoch, "cpu_s": cpu - self.c_epoch,
                "max_staleness_observed": max(m.meta["max_staleness"] for m in parts),
                "relaunches": sum(m.meta["relaunches"] for m in parts)}
         if self.row_extras is not None:
             row.update(self.row_extras(row))
-        self.t_epoch = now
+        self.t_epoch, self.c_epoch = now, cpu
         self.history.append(row)
         if self.log is not None:
             self.log.write(row)
