@@ -142,6 +142,8 @@ def cmd_train(args) -> int:
     file_values = load_toml(args.config) if args.config else {}
     flags = {k: getattr(args, k) for k in FIELDS if hasattr(args, k)}
     cfg = build_config(file_values, flags)
+    if args.worker_processes < 1:   # a Kafka run with no tensor-worker process would wait for one forever
+        raise ConfigError(f"--worker-processes must be >= 1, got {args.worker_processes}")
     role_bootstrap = _role_bootstrap(args.role_bootstrap, cfg.partitions, args.worker_processes)
     if role_bootstrap and not (cfg.transport == "kafka" and args.spawn_local):
         raise ConfigError("--role-bootstrap sets the brokers of roles that --spawn-local launches: add "

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import sys
 import urllib.parse
@@ -105,6 +106,12 @@ class TrainConfig:
             if not cond:
                 raise ConfigError(msg)
 
+        # inf and nan pass every comparison below one way or the other: an infinite latency hung the engine
+        for name in ("lr", "dropout", "weight_decay", "fail_rate", "delay_rate", "delay_s", "task_latency_s",
+                     "straggler_k", "straggler_min_s", "broker_timeout"):
+            v = getattr(self, name)
+            need(v is None or (not isinstance(v, bool) and isinstance(v, (int, float)) and math.isfinite(v)),
+                 f"{name} must be a finite number, got {v!r}")
         need(self.epochs >= 1, f"epochs must be >= 1, got {self.epochs}")
         need(self.lr is None or self.lr > 0, f"lr must be > 0, got {self.lr}")
         need(self.hidden is None or self.hidden >= 1, f"hidden must be >= 1, got {self.hidden}")
@@ -158,6 +165,7 @@ class TrainConfig:
         need(not (self.task_latency_s > 0 and self.tensor_workers == "aws"),
              "task_latency_s models a remote worker's latency on a local pool; tensor_workers = aws has its own")
         need(self.straggler_k > 0, f"straggler_k must be > 0, got {self.straggler_k}")
+        need(self.straggler_min_s >= 0, f"straggler_min_s must be >= 0 seconds, got {self.straggler_min_s}")
         need(self.transport in ("memory", "kafka"), f"transport must be memory or kafka, got {self.transport!r}")
         need(self.seed >= 0, f"seed must be >= 0, got {self.seed}")
         need(self.broker_timeout > 0, f"broker_timeout must be > 0 seconds, got {self.broker_timeout}")
