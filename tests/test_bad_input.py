@@ -260,6 +260,10 @@ CMD_CASES = {
     "stream-bad-config": Cmd("stream --bootstrap 127.0.0.1:9 --events ev --out {out} --config {cfg}",
                              r"frobnicate", config="frobnicate = 2\n"),
     "stream-lr-zero": Cmd("stream --bootstrap 127.0.0.1:9 --events ev --out {out} --lr 0", r"lr must be > 0"),
+    "stream-round-interval-infinite": Cmd("stream --bootstrap 127.0.0.1:9 --events ev --out {out} "
+                                          "--round-interval inf", r"round-interval must be a finite number"),
+    "stream-lateness-not-a-number": Cmd("stream --bootstrap 127.0.0.1:9 --events ev --out {out} "
+                                        "--allowed-lateness nan", r"allowed-lateness must be a finite number"),
     # dorylus deploy render
     "deploy-config-missing": Cmd("deploy render --config {ws}/nope.toml --out {out}", r"nope\.toml"),
     "deploy-too-many-partitions": Cmd("deploy render --config {cfg} --out {out}", r"exceeds the deployment",

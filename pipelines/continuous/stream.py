@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import signal
 import threading
@@ -103,6 +104,13 @@ class StreamOptions:
         def need(c, m):
             if not c:
                 raise ConfigError(m)
+        for flag, v in (("round-interval", self.round_interval_s), ("allowed-lateness", self.lateness_s),
+                        ("idle-partition", self.idle_partition_s), ("until-idle", self.until_idle_s),
+                        ("dedupe-retention", self.dedupe_retention_s)):
+            # inf passes the bounds below, and an infinite window or lateness never closes a round
+            need(v is None or math.isfinite(v), f"{flag} must be a finite number of seconds, got {v}")
+        need(self.idle_partition_s is None or self.idle_partition_s > 0,
+             f"idle-partition must be > 0, got {self.idle_partition_s}")
         need(self.round_interval_s > 0, f"round-interval must be > 0, got {self.round_interval_s}")
         need(self.lateness_s >= 0, f"allowed-lateness must be >= 0, got {self.lateness_s}")
         need(self.catch_up in ("windows", "skip"), f"catch-up must be windows or skip, got {self.catch_up!r}")
