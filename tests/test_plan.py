@@ -176,6 +176,11 @@ def test_bad_candidate_specs_are_errors(spec, message):
     (["--graph-servers", "1,,2"], "not a comma-separated list"),
     (["--lambdas", "-3"], "outside [0, 1000]"),
     (["--budget", "-1"], "--budget must be a positive number"),
+    (["--local-speed", "nan"], "--local-speed must be a finite number > 0"),
+    (["--local-speed", "inf"], "--local-speed must be a finite number > 0"),
+    (["--cut-fraction", "1.5"], "--cut-fraction must be in [0, 1]"),
+    (["--cut-fraction", "nan"], "--cut-fraction must be in [0, 1]"),
+    (["--hidden", "0"], "--hidden must be >= 1"),
 ])
 def test_bad_candidates_exit_2_and_write_nothing(tmp_path, capsys, measured, flags, message):
     out = tmp_path / "plan"

@@ -129,8 +129,13 @@ def cmd_plan(args) -> int:
         raise ConfigError(f"--budget must be a positive number of USD per epoch, got {args.budget}")
     if args.epochs < 2:
         raise ConfigError(f"--epochs must be >= 2 (one to warm up, one to time), got {args.epochs}")
-    if args.local_speed <= 0:
-        raise ConfigError(f"--local-speed must be > 0, got {args.local_speed}")
+    if not (args.local_speed > 0 and math.isfinite(args.local_speed)):   # nan hung the simulation, inf divided by 0
+        raise ConfigError(f"--local-speed must be a finite number > 0, got {args.local_speed}")
+    if args.cut_fraction is not None and not 0.0 <= args.cut_fraction <= 1.0:
+        raise ConfigError(f"--cut-fraction must be in [0, 1], got {args.cut_fraction}")
+    for name, v in (("--hidden", args.hidden), ("--heads", args.heads)):
+        if v is not None and v < 1:   # 0 read as "the calibration run's" before
+            raise ConfigError(f"{name} must be >= 1, got {v}")
     prices = load_prices(args.prices)
     cands = candidates(args)
     n, m, f, c, shape_of = _graph_source(args)
